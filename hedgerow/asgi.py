@@ -1,0 +1,225 @@
+"""A deliberately small ASGI toolkit shared by the three process kinds.
+
+Hedgerow serves a handful of routes, all of which need precise control over
+streaming and disconnects, so it speaks ASGI directly instead of pulling in a
+framework: a ``Request`` wrapper with a bounded body reader, a route table,
+JSON/error responses, and an SSE sender that notices when the client leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from contextlib import aclosing
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import orjson
+
+from hedgerow.errors import (
+    HedgerowError,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    RouteNotFound,
+)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+log = logging.getLogger("hedgerow.asgi")
+
+JSON_CONTENT = (b"content-type", b"application/json")
+
+
+@dataclass
+class Request:
+    scope: Scope
+    receive: Receive
+    send: Send
+    path_params: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def method(self) -> str:
+        return str(self.scope["method"])
+
+    @property
+    def path(self) -> str:
+        return str(self.scope["path"])
+
+    @property
+    def http_version(self) -> str:
+        return str(self.scope.get("http_version", "1.1"))
+
+    def header(self, name: str) -> str | None:
+        wanted = name.lower().encode()
+        for key, value in self.scope["headers"]:
+            if key.lower() == wanted:
+                return bytes(value).decode("latin-1")
+        return None
+
+    def query(self) -> dict[str, str]:
+        raw = bytes(self.scope.get("query_string", b"")).decode("latin-1")
+        pairs = (p.split("=", 1) for p in raw.split("&") if p)
+        return {p[0]: (p[1] if len(p) > 1 else "") for p in pairs}
+
+    async def body(self, limit: int) -> bytes:
+        """Read the whole body, refusing early once it exceeds ``limit`` bytes."""
+        declared = self.header("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise anyio.get_cancelled_exc_class()()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+Handler = Callable[[Request], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    pattern: re.Pattern[str]
+    handler: Handler
+
+
+class Router:
+    """Exact-or-regex route table; 404 for unknown paths, 405 for wrong methods."""
+
+    def __init__(self) -> None:
+        self._routes: list[Route] = []
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path)
+        self._routes.append(Route(method, re.compile(f"^{regex}$"), handler))
+
+    def resolve(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+        allowed: list[str] = []
+        for route in self._routes:
+            match = route.pattern.match(path)
+            if match is None:
+                continue
+            if route.method == method or (method == "HEAD" and route.method == "GET"):
+                return route.handler, match.groupdict()
+            allowed.append(route.method)
+        if allowed:
+            raise MethodNotAllowed(f"method {method} is not allowed on {path}")
+        raise RouteNotFound(f"no route for {method} {path}")
+
+
+async def send_json(
+    send: Send, status: int, payload: Any, headers: Headers | None = None
+) -> None:
+    body = orjson.dumps(payload)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [JSON_CONTENT, (b"content-length", str(len(body)).encode())]
+            + (headers or []),
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_text(
+    send: Send, status: int, text: str, content_type: bytes, headers: Headers | None = None
+) -> None:
+    body = text.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+            + (headers or []),
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, error: HedgerowError, headers: Headers | None = None) -> None:
+    await send_json(send, error.status, error.envelope(), error.headers() + (headers or []))
+
+
+SSE_HEADERS: Headers = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def sse_event(payload: Any) -> bytes:
+    """One SSE ``data:`` event; JSON payloads never contain raw newlines."""
+    data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+    return b"data: " + data + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Return when the client has gone away (body already consumed)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def stream_until_disconnect(
+    request: Request, status: int, headers: Headers, chunks: AsyncIterator[bytes]
+) -> bool:
+    """Send ``chunks`` as one streamed response; stop at once if the client leaves.
+
+    Returns True when the stream completed, False when the client disconnected
+    (the chunk iterator is then cancelled, which cancels its upstream work).
+    """
+    completed = False
+    async with anyio.create_task_group() as tg:
+
+        async def pump() -> None:
+            nonlocal completed
+            await request.send({"type": "http.response.start", "status": status, "headers": headers})
+            async with aclosing(chunks):
+                async for chunk in chunks:
+                    await request.send(
+                        {"type": "http.response.body", "body": chunk, "more_body": True}
+                    )
+            await request.send({"type": "http.response.body", "body": b""})
+            completed = True
+            tg.cancel_scope.cancel()
+
+        async def watch() -> None:
+            await wait_for_disconnect(request.receive)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(pump)
+        tg.start_soon(watch)
+    return completed
+
+
+def lowercase_headers(raw: Mapping[str, str]) -> Headers:
+    return [(k.lower().encode(), v.encode()) for k, v in raw.items()]
+
+
+async def handle_lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,145 @@
+"""The one error hierarchy of Hedgerow, and its mapping to HTTP.
+
+Every error that can reach a client is a ``HedgerowError`` subclass carrying
+exactly one HTTP status and one OpenAI error ``type``; ``envelope()`` renders
+the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
+
+    HedgerowError                       500 server_error
+    ├── InvalidRequest                  400 invalid_request_error
+    │   ├── RouteNotFound               404
+    │   ├── ModelNotFound               404  code=model_not_found
+    │   ├── UnknownWorker               404  code=unknown_worker
+    │   ├── MethodNotAllowed            405
+    │   ├── PayloadTooLarge             413
+    │   └── UnsupportedMediaType        415
+    ├── AuthenticationFailed            401 authentication_error
+    ├── RateLimited                     429 rate_limit_exceeded (Retry-After)
+    ├── NoHealthyWorker                 503 service_unavailable (Retry-After)
+    ├── UpstreamFailed                  502 upstream_error
+    └── RuntimeFault                    500 server_error
+        ├── ActorDead
+        ├── AskTimeout
+        ├── ModelUnavailable            code=model_unavailable
+        └── MailboxFull                 code=mailbox_full
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class HedgerowError(Exception):
+    status: int = 500
+    error_type: str = "server_error"
+    default_code: str = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.param = param
+        self.retry_after = retry_after
+
+    def envelope(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        if self.retry_after is None:
+            return []
+        return [(b"retry-after", str(max(1, round(self.retry_after))).encode())]
+
+
+class InvalidRequest(HedgerowError):
+    status = 400
+    error_type = "invalid_request_error"
+    default_code = "invalid_request"
+
+
+class RouteNotFound(InvalidRequest):
+    status = 404
+    default_code = "not_found"
+
+
+class ModelNotFound(InvalidRequest):
+    status = 404
+    default_code = "model_not_found"
+
+
+class UnknownWorker(InvalidRequest):
+    status = 404
+    default_code = "unknown_worker"
+
+
+class MethodNotAllowed(InvalidRequest):
+    status = 405
+    default_code = "method_not_allowed"
+
+
+class PayloadTooLarge(InvalidRequest):
+    status = 413
+    default_code = "payload_too_large"
+
+
+class UnsupportedMediaType(InvalidRequest):
+    status = 415
+    default_code = "unsupported_media_type"
+
+
+class AuthenticationFailed(HedgerowError):
+    status = 401
+    error_type = "authentication_error"
+    default_code = "invalid_api_key"
+
+
+class RateLimited(HedgerowError):
+    status = 429
+    error_type = "rate_limit_exceeded"
+    default_code = "rate_limit_exceeded"
+
+
+class NoHealthyWorker(HedgerowError):
+    status = 503
+    error_type = "service_unavailable"
+    default_code = "no_healthy_worker"
+
+
+class UpstreamFailed(HedgerowError):
+    status = 502
+    error_type = "upstream_error"
+    default_code = "upstream_failed"
+
+
+class RuntimeFault(HedgerowError):
+    """An internal failure of Hedgerow's own machinery."""
+
+
+class ActorDead(RuntimeFault):
+    default_code = "actor_dead"
+
+
+class AskTimeout(RuntimeFault):
+    default_code = "ask_timeout"
+
+
+class ModelUnavailable(RuntimeFault):
+    """The model file a worker was told to serve cannot be found or loaded."""
+
+    default_code = "model_unavailable"
+
+
+class MailboxFull(RuntimeFault):
+    default_code = "mailbox_full"

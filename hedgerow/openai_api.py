@@ -1,0 +1,186 @@
+"""The OpenAI-compatible request and response shapes Hedgerow speaks.
+
+Parsing is strict where a mistake would change the answer (types, ranges,
+required fields) and lenient about fields Hedgerow does not use, because the
+official SDKs send more than we need. Every parse error is an
+``InvalidRequest`` naming the offending parameter.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal, TypeVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hedgerow.errors import InvalidRequest
+
+MAX_MESSAGES = 512
+MAX_STOP = 4
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, max_length=256)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=1)
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences")
+        return value
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str = Field(max_length=1_000_000)
+
+
+R = TypeVar("R", bound=_Sampling)
+
+
+def parse_request(body: bytes, model: type[R]) -> R:
+    """Decode and validate a request body, or raise ``InvalidRequest``."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise InvalidRequest(f"request body is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        message = f"invalid value for {param!r}: {first['msg']}" if param else first["msg"]
+        raise InvalidRequest(message, param=param, code="invalid_value") from None
+
+
+def completion_id(request_id: str) -> str:
+    return f"chatcmpl-{request_id}"
+
+
+def chat_chunk(
+    request_id: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any],
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": completion_id(request_id),
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def usage_chunk(request_id: str, model: str, created: int, used: dict[str, int]) -> dict[str, Any]:
+    return {
+        "id": completion_id(request_id),
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": used,
+    }
+
+
+def chat_completion(
+    request_id: str, model: str, created: int, text: str, finish_reason: str, used: dict[str, int]
+) -> dict[str, Any]:
+    return {
+        "id": completion_id(request_id),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": used,
+    }
+
+
+def text_chunk(
+    request_id: str, model: str, created: int, text: str, finish_reason: str | None = None
+) -> dict[str, Any]:
+    return {
+        "id": f"cmpl-{request_id}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def text_completion(
+    request_id: str, model: str, created: int, text: str, finish_reason: str, used: dict[str, int]
+) -> dict[str, Any]:
+    body = text_chunk(request_id, model, created, text, finish_reason)
+    body["usage"] = used
+    return body
+
+
+def error_event(message: str, error_type: str, code: str) -> dict[str, Any]:
+    """The SSE event that ends a stream which failed after it started."""
+    return {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+
+
+def now_created() -> int:
+    return int(time.time())

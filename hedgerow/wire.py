@@ -1,0 +1,63 @@
+"""Wire types shared by workers, the control plane and gateways.
+
+One module defines each message that crosses a process boundary: worker
+registration, heartbeat, and the registry snapshots of the watch stream.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+WorkerKind = Literal["cpu", "gpu", "sim"]
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkerLoad(WireModel):
+    active: int = Field(0, ge=0)
+    queued: int = Field(0, ge=0)
+    tokens_per_s: float = Field(0.0, ge=0)
+    draining: bool = False
+
+
+class WorkerRegistration(WireModel):
+    worker_id: str = Field(min_length=1, max_length=128)
+    url: str = Field(min_length=1, max_length=512)
+    kind: WorkerKind
+    device: str | None = None
+    models: tuple[str, ...] = Field(min_length=1, max_length=64)
+    slots: int = Field(ge=1, le=1024)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class Heartbeat(WireModel):
+    load: WorkerLoad
+
+
+class RegisterReply(WireModel):
+    worker_id: str
+    lease_s: float
+    heartbeat_interval_s: float
+
+
+class WorkerRecord(WireModel):
+    registration: WorkerRegistration
+    load: WorkerLoad
+    lease_expires_in_s: float
+
+
+class RegistrySnapshot(WireModel):
+    """The whole registry at one version; the watch stream sends these."""
+
+    version: int
+    workers: tuple[WorkerRecord, ...] = ()
+
+    def serving(self, model: str) -> tuple[WorkerRecord, ...]:
+        return tuple(w for w in self.workers if model in w.registration.models)
+
+    def models(self) -> tuple[str, ...]:
+        return tuple(sorted({m for w in self.workers for m in w.registration.models}))
