@@ -1,0 +1,123 @@
+"""HTTP API of the control plane: worker register / heartbeat / deregister,
+worker list, and the watch stream gateways follow."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from control_plane.registry_actor import Beat, Deregister, Register, Snapshot
+from hedgerow.actors import ActorRef
+from hedgerow.asgi import (
+    SSE_HEADERS,
+    Receive,
+    Request,
+    Router,
+    Scope,
+    Send,
+    handle_lifespan,
+    send_error,
+    send_json,
+    sse_event,
+    stream_until_disconnect,
+)
+from hedgerow.errors import HedgerowError, InvalidRequest
+from hedgerow.latest import LatestValue
+from hedgerow.wire import Heartbeat, RegisterReply, RegistrySnapshot, WorkerRegistration
+
+MAX_BODY = 64 * 1024
+ASK_TIMEOUT_S = 5.0
+WATCH_KEEPALIVE_S = 15.0
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class ControlPlaneApp:
+    registry: ActorRef
+    published: LatestValue[RegistrySnapshot]
+    lease_s: float
+    heartbeat_interval_s: float
+
+    def __post_init__(self) -> None:
+        self.router = Router()
+        self.router.add("GET", "/healthz", self.healthz)
+        self.router.add("GET", "/v1/workers", self.list_workers)
+        self.router.add("POST", "/v1/workers", self.register)
+        self.router.add("POST", "/v1/workers/{worker_id}/heartbeat", self.heartbeat)
+        self.router.add("DELETE", "/v1/workers/{worker_id}", self.deregister)
+        self.router.add("GET", "/v1/watch", self.watch)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await handle_lifespan(receive, send)
+            return
+        request = Request(scope, receive, send)
+        try:
+            handler, request.path_params = self.router.resolve(request.method, request.path)
+            await handler(request)
+        except HedgerowError as error:
+            await send_error(send, error)
+
+    async def healthz(self, request: Request) -> None:
+        await send_json(request.send, 200, {"status": "ok"})
+
+    async def list_workers(self, request: Request) -> None:
+        snapshot = await self.registry.ask(Snapshot(), timeout=ASK_TIMEOUT_S)
+        await send_json(request.send, 200, snapshot.model_dump(mode="json"))
+
+    async def register(self, request: Request) -> None:
+        registration = await _parse(request, WorkerRegistration)
+        await self.registry.ask(Register(registration), timeout=ASK_TIMEOUT_S)
+        reply = RegisterReply(
+            worker_id=registration.worker_id,
+            lease_s=self.lease_s,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+        )
+        await send_json(request.send, 201, reply.model_dump(mode="json"))
+
+    async def heartbeat(self, request: Request) -> None:
+        beat = await _parse(request, Heartbeat)
+        worker_id = request.path_params["worker_id"]
+        await self.registry.ask(Beat(worker_id, beat.load), timeout=ASK_TIMEOUT_S)
+        await send_json(request.send, 200, {"worker_id": worker_id, "lease_s": self.lease_s})
+
+    async def deregister(self, request: Request) -> None:
+        worker_id = request.path_params["worker_id"]
+        await self.registry.ask(Deregister(worker_id), timeout=ASK_TIMEOUT_S)
+        await send_json(request.send, 200, {"worker_id": worker_id, "deregistered": True})
+
+    async def watch(self, request: Request) -> None:
+        """SSE stream of whole registry snapshots, newest only, one per version."""
+        since = request.query().get("since", "-1")
+        known = int(since) if since.lstrip("-").isdigit() else -1
+        # A watcher that holds exactly the current version waits for the next;
+        # anyone else (new, behind, or ahead of a restarted plane) gets it now.
+        start = known if known == self.published.version else -1
+        await stream_until_disconnect(request, 200, list(SSE_HEADERS), self._snapshots(start))
+
+    async def _snapshots(self, version: int) -> AsyncIterator[bytes]:
+        while True:
+            snapshot: RegistrySnapshot | None = None
+            with anyio.move_on_after(WATCH_KEEPALIVE_S):
+                version, snapshot = await self.published.wait_newer(version)
+            if snapshot is None:
+                yield b": keep-alive\n\n"
+            else:
+                yield sse_event(snapshot.model_dump(mode="json"))
+
+
+async def _parse(request: Request, model: type[M]) -> M:
+    body = await request.body(MAX_BODY)
+    try:
+        return model.model_validate(orjson.loads(body))
+    except orjson.JSONDecodeError as error:
+        raise InvalidRequest(f"body is not valid JSON: {error}") from None
+    except ValidationError as error:
+        raise InvalidRequest(f"invalid {model.__name__}: {error.errors()[0]['msg']}") from None

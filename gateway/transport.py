@@ -1,0 +1,314 @@
+"""The gateway's transport: Hypercorn serving one ASGI app on ONE port.
+
+    TCP  port P  TLS (1.2 minimum, ALPN h2 + http/1.1)  HTTP/2, HTTP/1.1
+    UDP  port P  QUIC (TLS 1.3)                         HTTP/3
+
+Every h1/h2 response advertises ``alt-svc: h3=":P"; ma=3600``, so clients
+that start on TCP can move to HTTP/3.
+
+Returning clients resume instead of repeating the full handshake: on TCP with
+TLS 1.3 session tickets (OpenSSL issues two per connection, and the ticket key
+lives as long as the server's one ``SSLContext``); on QUIC with tickets kept
+in ``QUIC_SESSION_TICKETS`` (see ``install_hypercorn_patches``). Nagle is off
+(``TCP_NODELAY``) on the listening sockets and, through asyncio, on every
+accepted one, so each SSE token leaves as soon as it is written.
+
+Usage, inside an anyio task group on the asyncio backend::
+
+    config = build_config(host=["127.0.0.1", "::1"], port=0, certfile=c, keyfile=k)
+    port = await task_group.start(serve, app, config, stop_event.wait)
+
+``port`` is the real port, the same for TCP and UDP. The sockets already
+listen when ``serve`` reports it, so the kernel queues early connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import errno
+import functools
+import socket
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aioquic.quic.connection
+import anyio
+import hypercorn.asyncio.run
+import hypercorn.protocol.quic
+from anyio.abc import TaskStatus
+from hypercorn.asyncio.udp_server import UDPServer
+from hypercorn.config import Config, Sockets
+from hypercorn.events import Closed
+from hypercorn.typing import ASGIFramework
+from hypercorn.utils import wrap_app
+
+from gateway.quic_tickets import QuicTicketStore
+
+__all__ = [
+    "QUIC_SESSION_TICKETS",
+    "Listeners",
+    "TlsConfig",
+    "bind_listeners",
+    "build_config",
+    "install_hypercorn_patches",
+    "serve",
+]
+
+DEFAULT_HOST = "127.0.0.1"
+PORT_PICK_ATTEMPTS = 32
+ALT_SVC_MAX_AGE_S = 3600
+SHUTDOWN_NUDGE_INTERVAL_S = 0.05
+
+# One per process, because the hook that feeds it patches a module: every
+# QUIC listener in this process issues and accepts tickets through this store.
+QUIC_SESSION_TICKETS = QuicTicketStore()
+
+ShutdownTrigger = Callable[[], Awaitable[object]]
+
+
+class TlsConfig(Config):
+    """Hypercorn's config with its TLS context repaired for a public edge."""
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        context = super().create_ssl_context()
+        if context is None:
+            return None
+        # Hypercorn assigns ``options = OP_NO_COMPRESSION``, which clears the
+        # defaults; put back the ones that matter at an edge. Never set
+        # OP_NO_TICKET: session tickets are how returning TLS clients resume.
+        context.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_CIPHER_SERVER_PREFERENCE
+        context.options &= ~ssl.OP_NO_TICKET
+        return context
+
+
+def build_config(
+    *,
+    host: str | Sequence[str] = DEFAULT_HOST,
+    port: int,
+    certfile: Path,
+    keyfile: Path,
+    http3: bool = True,
+    graceful_timeout_s: float = 5.0,
+) -> Config:
+    """Hypercorn config for TLS on TCP (h2, http/1.1) and, if http3, QUIC on UDP.
+
+    ``host`` is one IP literal or several (e.g. ``["127.0.0.1", "::1"]``);
+    all share ``port``. Port 0 means "pick one free on TCP and UDP alike".
+    """
+    hosts = [host] if isinstance(host, str) else list(host)
+    if not hosts:
+        raise ValueError("at least one host to bind is required")
+    config = TlsConfig()
+    config.bind = [_bind_string(name, port) for name in hosts]
+    config.quic_bind = list(config.bind) if http3 else []
+    config.certfile = str(certfile)
+    config.keyfile = str(keyfile)
+    config.alpn_protocols = ["h2", "http/1.1"]
+    config.graceful_timeout = graceful_timeout_s
+    return config
+
+
+async def serve(
+    app: ASGIFramework,
+    config: Config,
+    shutdown_trigger: ShutdownTrigger,
+    *,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` until ``shutdown_trigger()`` returns, then drain and return.
+
+    Reports the bound port through ``task_status``. Cancelling ``serve`` also
+    drains gracefully (bounded by ``config.graceful_timeout``) before the
+    cancellation propagates, so listeners are never abandoned half-open.
+    A failure inside hypercorn (e.g. the app's lifespan startup) propagates
+    wrapped in an ExceptionGroup, as from any anyio task group.
+    """
+    install_hypercorn_patches(QUIC_SESSION_TICKETS)
+    listeners = bind_listeners(config)
+    try:
+        config = _with_alt_svc(config, listeners)
+        task_status.started(listeners.port)
+        stop = anyio.Event()
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(_serve_until_stopped, app, config, listeners, stop)
+            try:
+                await shutdown_trigger()
+            finally:
+                stop.set()
+    finally:
+        # Normally hypercorn has closed them already (closing twice is a
+        # no-op); this covers a hypercorn that failed, or never started.
+        listeners.close()
+
+
+async def _serve_until_stopped(
+    app: ASGIFramework, config: Config, listeners: Listeners, stop: anyio.Event
+) -> None:
+    # Shielded: hypercorn's shutdown path awaits (closing servers, draining
+    # connections); under a cancelled scope those awaits would be cut short.
+    # ``stop`` is what ends it, and the caller sets it on cancellation too.
+    with anyio.CancelScope(shield=True):
+        await hypercorn.asyncio.run.worker_serve(
+            wrap_app(app, config.wsgi_max_body_size, "asgi"),
+            config,
+            sockets=listeners.hypercorn_sockets(),
+            shutdown_trigger=stop.wait,
+        )
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """Bound sockets: TCP ones already listening, all on ``port``."""
+
+    port: int
+    tcp: tuple[socket.socket, ...]
+    udp: tuple[socket.socket, ...]
+
+    def hypercorn_sockets(self) -> Sockets:
+        return Sockets(
+            secure_sockets=list(self.tcp), insecure_sockets=[], quic_sockets=list(self.udp)
+        )
+
+    def close(self) -> None:
+        for sock in self.tcp + self.udp:
+            sock.close()
+
+
+def bind_listeners(config: Config) -> Listeners:
+    """Bind ``config.bind`` on TCP and ``config.quic_bind`` on UDP, one port.
+
+    With port 0 the kernel picks a TCP port that may be taken on UDP; then
+    everything is closed and tried again, a bounded number of times.
+    """
+    tcp_hosts, port = _parse_binds(config.bind)
+    udp_hosts, udp_port = _parse_binds(config.quic_bind) if config.quic_bind else ([], port)
+    if udp_port != port:
+        raise ValueError(f"bind and quic_bind must share one port, got {port} and {udp_port}")
+    attempts = PORT_PICK_ATTEMPTS if port == 0 else 1
+    for _ in range(attempts):
+        try:
+            return _bind_all(tcp_hosts, udp_hosts, port, config.backlog)
+        except OSError as error:
+            if port != 0 or error.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, f"no port free on TCP and UDP in {attempts} attempts")
+
+
+def _bind_all(tcp_hosts: list[str], udp_hosts: list[str], port: int, backlog: int) -> Listeners:
+    opened: list[socket.socket] = []
+    try:
+        opened.append(_open_socket(tcp_hosts[0], port, socket.SOCK_STREAM, backlog))
+        port = opened[0].getsockname()[1]  # the kernel's pick, if port was 0
+        for host in tcp_hosts[1:]:
+            opened.append(_open_socket(host, port, socket.SOCK_STREAM, backlog))
+        for host in udp_hosts:
+            opened.append(_open_socket(host, port, socket.SOCK_DGRAM, backlog))
+    except BaseException:
+        for sock in opened:
+            sock.close()
+        raise
+    tcp = tuple(opened[: len(tcp_hosts)])
+    return Listeners(port=port, tcp=tcp, udp=tuple(opened[len(tcp_hosts) :]))
+
+
+def _open_socket(host: str, port: int, kind: socket.SocketKind, backlog: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # An explicit proto matters: asyncio sets TCP_NODELAY on an accepted
+    # socket only if its proto is IPPROTO_TCP, and accepted sockets copy the
+    # listener's proto, which is 0 when left to default.
+    proto = socket.IPPROTO_TCP if kind == socket.SOCK_STREAM else socket.IPPROTO_UDP
+    sock = socket.socket(family, kind, proto)
+    try:
+        if family == socket.AF_INET6:
+            # So "::" and "0.0.0.0" can both be bound on one port.
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if kind == socket.SOCK_STREAM:
+            # Only on TCP (restart over TIME_WAIT); on UDP it would let a
+            # second process bind the same port and steal datagrams.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # Linux copies it to accepted sockets: a second guarantee.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+        if kind == socket.SOCK_STREAM:
+            sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _bind_string(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _parse_binds(binds: Sequence[str]) -> tuple[list[str], int]:
+    if not binds:
+        raise ValueError("config.bind is empty")
+    hosts: list[str] = []
+    ports: set[int] = set()
+    for bind in binds:
+        host, separator, port = bind.rpartition(":")
+        if not separator or not port.isdigit():
+            raise ValueError(f"bind {bind!r} is not HOST:PORT")
+        hosts.append(host.strip("[]"))
+        ports.add(int(port))
+    if len(ports) != 1:
+        raise ValueError(f"all binds must share one port, got {sorted(ports)}")
+    return hosts, ports.pop()
+
+
+def _with_alt_svc(config: Config, listeners: Listeners) -> Config:
+    # Hypercorn derives alt-svc from sockets it creates itself; these sockets
+    # are ours, so name the real port here (a copy: port 0 stays reusable).
+    config = copy.copy(config)
+    if listeners.udp and not config.alt_svc_headers:
+        config.alt_svc_headers = [f'h3=":{listeners.port}"; ma={ALT_SVC_MAX_AGE_S}']
+    return config
+
+
+def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
+    """Fill two gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
+
+    1. ``hypercorn/protocol/quic.py`` builds ``QuicConnection(configuration=...,
+       original_destination_connection_id=...)`` without aioquic's
+       ``session_ticket_handler`` (without which the server issues no ticket)
+       or ``session_ticket_fetcher`` (without which it accepts none), so no
+       HTTP/3 client could ever resume. The name is replaced by a partial that
+       adds both, built on aioquic's class itself so calls never stack.
+    2. ``hypercorn/asyncio/run.py`` drops the datagram transport, which then
+       never closes (pgjones/hypercorn#373), and ``UDPServer.run`` notices
+       shutdown only on the next datagram, so a shutdown sat out the whole
+       graceful_timeout. ``_ClosingUDPServer`` fixes both.
+    """
+    hooks = tickets.hooks()
+    hypercorn.protocol.quic.QuicConnection = functools.partial(  # type: ignore[misc]
+        aioquic.quic.connection.QuicConnection,
+        session_ticket_fetcher=hooks.session_ticket_fetcher,
+        session_ticket_handler=hooks.session_ticket_handler,
+    )
+    hypercorn.asyncio.run.UDPServer = _ClosingUDPServer  # type: ignore[misc]
+
+
+class _ClosingUDPServer(UDPServer):
+    async def run(self) -> None:
+        waker = self.loop.create_task(self._wake_when_terminated())
+        try:
+            await super().run()
+        finally:
+            waker.cancel()
+            if self.transport is not None:
+                self.transport.close()
+
+    async def _wake_when_terminated(self) -> None:
+        # run() re-checks "terminated and idle" only after dequeuing an event,
+        # and a closing connection turns idle on a timer, not on a datagram;
+        # so nudge it until it ends (QuicProtocol ignores Closed events).
+        await self.context.terminated.wait()
+        while True:
+            await self.protocol_queue.put(Closed())
+            await asyncio.sleep(SHUTDOWN_NUDGE_INTERVAL_S)
+

@@ -1,0 +1,172 @@
+"""The ``hedgerow`` command: ``up``, ``gateway``, ``control-plane``, ``worker``.
+
+Each process kind runs until SIGINT/SIGTERM, which triggers its graceful
+shutdown (a worker drains, a gateway finishes in-flight streams).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import anyio
+
+from hedgerow.logs import configure_logging
+
+DEFAULT_CONTROL_PLANE = "http://127.0.0.1:8500"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hedgerow", description=__doc__)
+    parser.add_argument("--log-level", default=os.environ.get("HEDGEROW_LOG_LEVEL", "info"))
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_up(commands)
+    _add_control_plane(commands)
+    _add_gateway(commands)
+    _add_worker(commands)
+    return parser
+
+
+def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    up = commands.add_parser("up", help="control plane, gateway and a CPU worker, supervised")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8443, help="gateway port (TCP and UDP)")
+    up.add_argument("--control-plane-port", type=int, default=8500)
+    up.add_argument("--state-dir", type=Path, default=Path(".hedgerow"))
+    up.add_argument("--slots", type=int, default=1)
+    up.add_argument("--model-path", type=Path)
+    up.add_argument("--policy", type=Path)
+    up.set_defaults(run=_run_up)
+
+
+def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    cp = commands.add_parser("control-plane", help="worker registry and watch stream")
+    cp.add_argument("--host", default="127.0.0.1")
+    cp.add_argument("--port", type=int, default=8500)
+    cp.add_argument("--lease-s", type=float, default=3.0, help="drop workers silent this long")
+    cp.set_defaults(run=_run_control_plane)
+
+
+def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    gw = commands.add_parser("gateway", help="the client-facing gateway (h1, h2, h3)")
+    gw.add_argument("--host", default="127.0.0.1")
+    gw.add_argument("--port", type=int, default=8443)
+    gw.add_argument("--control-plane", default=DEFAULT_CONTROL_PLANE)
+    gw.add_argument("--state-dir", type=Path, default=Path(".hedgerow"))
+    gw.add_argument("--certfile", type=Path, help="production certificate (PEM)")
+    gw.add_argument("--keyfile", type=Path, help="production private key (PEM)")
+    gw.add_argument("--policy", type=Path, help="policy YAML (default: the shipped one)")
+    gw.set_defaults(run=_run_gateway)
+
+
+def _add_worker(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    wk = commands.add_parser("worker", help="a llama.cpp model worker")
+    wk.add_argument("--host", default="127.0.0.1")
+    wk.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    wk.add_argument("--advertise-host", help="host the gateway should dial (default --host)")
+    wk.add_argument("--control-plane", default=DEFAULT_CONTROL_PLANE)
+    wk.add_argument("--worker-id")
+    wk.add_argument("--model-path", type=Path, help="any GGUF file (default: bundled SmolLM2)")
+    wk.add_argument("--model-name", help="name clients use (default: from the file name)")
+    wk.add_argument("--slots", type=int, default=1, help="model instances = concurrent requests")
+    wk.add_argument("--n-ctx", type=int, default=2048)
+    wk.add_argument("--n-gpu-layers", type=int, default=0)
+    wk.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                    help="e.g. --label pop=ams --label region=eu")
+    wk.add_argument("--drain-timeout-s", type=float, default=30.0)
+    wk.set_defaults(run=_run_worker)
+
+
+def _labels(pairs: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"hedgerow: --label wants KEY=VALUE, got {pair!r}")
+        labels[key] = value
+    return labels
+
+
+def run_until_signalled(body: Callable[[anyio.Event], Awaitable[None]]) -> None:
+    """Run ``body(shutdown)``; the first SIGINT/SIGTERM sets ``shutdown``."""
+
+    async def runner() -> None:
+        shutdown = anyio.Event()
+        async with anyio.create_task_group() as tg:
+
+            async def watch_signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        logging.getLogger("hedgerow").info(
+                            "%s: shutting down gracefully", signal.Signals(signum).name)
+                        shutdown.set()
+                        return
+
+            tg.start_soon(watch_signals)
+            await body(shutdown)
+            tg.cancel_scope.cancel()
+
+    anyio.run(runner)
+
+
+def _run_control_plane(args: argparse.Namespace) -> None:
+    from control_plane.main import run_control_plane
+
+    run_until_signalled(
+        lambda shutdown: run_control_plane(args.host, args.port, shutdown, lease_s=args.lease_s)
+    )
+
+
+def _run_gateway(args: argparse.Namespace) -> None:
+    from gateway.main import GatewayOptions, run_gateway
+    from policies.schema import DEFAULT_POLICY_PATH
+
+    options = GatewayOptions(
+        control_plane=args.control_plane, host=args.host, port=args.port,
+        state_dir=args.state_dir, certfile=args.certfile, keyfile=args.keyfile,
+        policy_path=args.policy or DEFAULT_POLICY_PATH,
+    )
+    run_until_signalled(lambda shutdown: run_gateway(options, shutdown))
+
+
+def _run_worker(args: argparse.Namespace) -> None:
+    from workers.main import WorkerOptions, build_llama_backend, run_worker
+
+    options = WorkerOptions(
+        control_plane=args.control_plane, host=args.host, port=args.port,
+        advertise_host=args.advertise_host, worker_id=args.worker_id,
+        model_path=args.model_path, model_name=args.model_name, slots=args.slots,
+        n_ctx=args.n_ctx, n_gpu_layers=args.n_gpu_layers, labels=_labels(args.label),
+        drain_timeout_s=args.drain_timeout_s,
+    )
+    backend = build_llama_backend(options)
+    run_until_signalled(lambda shutdown: run_worker(options, backend, shutdown))
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    from hedgerow.launcher import Stack, run_stack
+
+    stack = Stack(
+        python=sys.executable, host=args.host, gateway_port=args.port,
+        control_plane_port=args.control_plane_port, state_dir=args.state_dir,
+        slots=args.slots, model_path=args.model_path, policy=args.policy,
+    )
+    return run_stack(stack)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""``hedgerow up``: control plane, CPU worker and gateway as supervised processes.
+
+Separate processes, as in production. A child that dies is restarted with
+exponential backoff; Ctrl-C or SIGTERM stops them all (SIGTERM first, so the
+worker drains and deregisters, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import httpx
+from anyio.abc import Process
+
+log = logging.getLogger("hedgerow.up")
+
+READY_TIMEOUT_S = 300.0
+STOP_GRACE_S = 15.0
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_MAX_S = 10.0
+STABLE_AFTER_S = 30.0
+
+
+@dataclass(frozen=True)
+class Stack:
+    python: str
+    host: str
+    gateway_port: int
+    control_plane_port: int
+    state_dir: Path
+    slots: int = 1
+    model_path: Path | None = None
+    policy: Path | None = None
+
+    @property
+    def control_plane_url(self) -> str:
+        return f"http://{self.host}:{self.control_plane_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"https://{self.host}:{self.gateway_port}"
+
+    def commands(self) -> dict[str, list[str]]:
+        base = [self.python, "-m", "hedgerow.cli"]
+        worker = base + ["worker", "--control-plane", self.control_plane_url,
+                         "--slots", str(self.slots), "--host", self.host]
+        if self.model_path:
+            worker += ["--model-path", str(self.model_path)]
+        gateway = base + ["gateway", "--host", self.host, "--port", str(self.gateway_port),
+                          "--control-plane", self.control_plane_url,
+                          "--state-dir", str(self.state_dir)]
+        if self.policy:
+            gateway += ["--policy", str(self.policy)]
+        return {
+            "control-plane": base + ["control-plane", "--host", self.host,
+                                     "--port", str(self.control_plane_port)],
+            "worker": worker,
+            "gateway": gateway,
+        }
+
+
+class ChildProcess:
+    """One supervised child: restarted with backoff whenever it exits."""
+
+    def __init__(self, name: str, command: list[str]) -> None:
+        self.name = name
+        self.command = command
+        self.process: Process | None = None
+        self.stopping = False
+
+    async def supervise(self) -> None:
+        delay = BACKOFF_INITIAL_S
+        while not self.stopping:
+            started = anyio.current_time()
+            # Own session: a Ctrl-C in the terminal reaches only us, and we stop
+            # the children in order (worker drains before the control plane goes).
+            self.process = await anyio.open_process(
+                self.command, stdout=None, stderr=None, start_new_session=True
+            )
+            code = await self.process.wait()
+            if self.stopping:
+                return
+            if anyio.current_time() - started > STABLE_AFTER_S:
+                delay = BACKOFF_INITIAL_S
+            log.error("%s exited with status %s; restarting in %.1fs", self.name, code, delay)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        with anyio.move_on_after(STOP_GRACE_S):
+            await process.wait()
+            return
+        log.warning("%s did not stop in %.0fs; killing it", self.name, STOP_GRACE_S)
+        process.kill()
+        await process.wait()
+
+
+async def wait_until_ready(url: str, ca_cert: Path) -> None:
+    async with httpx.AsyncClient(verify=str(ca_cert), timeout=2.0) as client:
+        with anyio.fail_after(READY_TIMEOUT_S):
+            while True:
+                try:
+                    if (await client.get(url + "/readyz")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await anyio.sleep(0.25)
+
+
+def banner(stack: Stack, ca_cert: Path) -> str:
+    url = stack.gateway_url
+    body = ('{"model": "smollm2-135m-instruct", "stream": true, '
+            '"messages": [{"role": "user", "content": "Say hello in five words."}]}')
+    return f"""
+Hedgerow is up: {url}   (HTTP/1.1, HTTP/2 and HTTP/3 on this port)
+  chat page:        {url}/
+  control plane:    {stack.control_plane_url}
+  dev certificate:  {ca_cert}   (trust it, or pass it as --cacert)
+
+Stream a chat with curl:
+  curl -N --http2 --cacert {ca_cert} {url}/v1/chat/completions \\
+    -H 'content-type: application/json' \\
+    -d '{body}'
+
+With the OpenAI Python SDK (key sk-demo is the default policy's demo tenant):
+  from openai import OpenAI, DefaultHttpxClient
+  client = OpenAI(base_url="{url}/v1", api_key="sk-demo",
+                  http_client=DefaultHttpxClient(verify="{ca_cert}"))
+  for chunk in client.chat.completions.create(model="smollm2-135m-instruct", stream=True,
+          messages=[{{"role": "user", "content": "Say hello in five words."}}]):
+      print(chunk.choices[0].delta.content or "", end="", flush=True)
+
+Press Ctrl-C to stop.
+"""
+
+
+def run_stack(stack: Stack) -> int:
+    from gateway.devcert import ensure_dev_certificate
+
+    ca_cert = ensure_dev_certificate(stack.state_dir).ca_cert.resolve()
+
+    async def main() -> None:
+        children = [ChildProcess(name, cmd) for name, cmd in stack.commands().items()]
+        async with anyio.create_task_group() as tg:
+            for child in children:
+                tg.start_soon(child.supervise)
+            try:
+                await wait_until_ready(stack.gateway_url, ca_cert)
+                print(banner(stack, ca_cert), flush=True)
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        break
+            finally:
+                with anyio.CancelScope(shield=True):
+                    print("\nstopping Hedgerow…", file=sys.stderr, flush=True)
+                    for child in reversed(children):
+                        await child.stop()
+                tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    return 0
+
+
+__all__ = ["Stack", "run_stack"]

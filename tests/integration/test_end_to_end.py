@@ -1,0 +1,265 @@
+"""End to end over real sockets: real processes, real TLS, the real model.
+
+One stack (control plane, a 2-slot llama.cpp worker with the bundled SmolLM2
+model, gateway) is shared by the module; tests that break things start their
+own extra worker or their own small stack.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.support.h3client import h3_request
+from tests.support.stack import Stack, wait_for
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = Stack(tmp_path_factory.mktemp("stack"))
+    try:
+        stack.start_control_plane(lease_s=2.0)
+        stack.start_worker("w-main", "--slots", "2")
+        stack.start_gateway()
+        yield stack
+    finally:
+        stack.stop_all()
+
+
+def chat_body(content: str = "Tell me a short story about a fox.", **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}],
+            "max_tokens": 48, "temperature": 0, **extra}
+
+
+def client(stack: Stack, http2: bool = False) -> httpx.Client:
+    return httpx.Client(base_url=stack.gateway_url, verify=str(stack.ca_cert), http2=http2,
+                        http1=not http2, timeout=60)
+
+
+def read_sse(response: httpx.Response) -> list[tuple[float, str]]:
+    """(arrival time, data) per SSE event, as the bytes arrive."""
+    events: list[tuple[float, str]] = []
+    buffer = b""
+    for data in response.iter_raw():
+        buffer += data
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            for line in block.decode().splitlines():
+                if line.startswith("data: "):
+                    events.append((time.monotonic(), line[6:]))
+    return events
+
+
+def assert_streamed_tokens(events: list[tuple[float, str]]) -> str:
+    assert events[-1][1] == "[DONE]"
+    chunks = [orjson.loads(data) for _, data in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert len(content) >= 5, "the answer came as several token chunks"
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    # No buffering: tokens trickle in as the model produces them (~140 tok/s here).
+    spread = events[-2][0] - events[0][0]
+    assert spread > 0.05, f"all chunks arrived within {spread * 1000:.1f} ms: buffered"
+    return "".join(c["choices"][0]["delta"]["content"] for c in content)
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["http1.1", "http2"])
+def test_streaming_chat_over_tcp(stack: Stack, http2: bool) -> None:
+    with client(stack, http2) as http:
+        with http.stream("POST", "/v1/chat/completions", json=chat_body(stream=True)) as response:
+            assert response.status_code == 200
+            assert response.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
+            assert response.headers["content-type"].startswith("text/event-stream")
+            assert response.headers["x-hedgerow-worker"] == "w-main"
+            assert len(response.headers["x-request-id"]) >= 16
+            assert f'h3=":{stack.gateway_port}"' in response.headers["alt-svc"]
+            text = assert_streamed_tokens(read_sse(response))
+    assert text.strip()
+
+
+@pytest.mark.anyio
+async def test_streaming_chat_over_http3(stack: Stack) -> None:
+    body = orjson.dumps(chat_body(stream=True))
+    response = await h3_request(
+        "127.0.0.1", stack.gateway_port, "POST", "/v1/chat/completions",
+        headers=[("content-type", "application/json")], body=body,
+        cafile=stack.ca_cert, server_name="localhost", timeout_s=60,
+    )
+    assert response.status == 200
+    assert response.alpn_protocol == "h3"
+    assert response.header("x-hedgerow-worker") == "w-main"
+    events: list[tuple[float, str]] = []
+    buffer = b""
+    for chunk in response.chunks:
+        buffer += chunk.data
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            events.append((chunk.received_at, block.decode()[len("data: "):]))
+    assert_streamed_tokens(events)
+
+
+@pytest.mark.anyio
+async def test_openai_sdk_streams_a_completion(stack: Stack) -> None:
+    import openai
+
+    sdk = openai.AsyncOpenAI(
+        base_url=stack.gateway_url + "/v1", api_key="sk-demo",
+        http_client=openai.DefaultAsyncHttpxClient(verify=str(stack.ca_cert)),
+    )
+    async with sdk:
+        stream = await sdk.chat.completions.create(
+            model=MODEL, stream=True, max_tokens=32, temperature=0,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            stream_options={"include_usage": True},
+        )
+        parts: list[str] = []
+        usage = None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                parts.append(chunk.choices[0].delta.content)
+            usage = chunk.usage or usage
+        assert len(parts) >= 3 and "".join(parts).strip()
+        assert usage is not None and usage.completion_tokens >= len(parts) - 1
+        listed = await sdk.models.list()
+        assert MODEL in [m.id for m in listed.data]
+
+
+def test_non_streaming_chat_returns_one_completion(stack: Stack) -> None:
+    with client(stack) as http:
+        response = http.post("/v1/chat/completions", json=chat_body(max_tokens=8))
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["choices"][0]["message"]["content"]
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 8
+    assert body["usage"]["prompt_tokens"] > 5
+
+
+def test_text_completion_and_model_alias(stack: Stack) -> None:
+    with client(stack) as http:
+        response = http.post("/v1/completions",
+                             json={"model": "smollm2", "prompt": "One, two, three,",
+                                   "max_tokens": 6, "temperature": 0})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "text_completion" and body["model"] == MODEL
+    assert body["choices"][0]["text"]
+
+
+def test_health_readiness_and_page(stack: Stack) -> None:
+    with client(stack) as http:
+        assert http.get("/healthz").status_code == 200
+        ready = http.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["workers"] >= 1
+        page = http.get("/")
+        assert page.status_code == 200 and "/v1/chat/completions" in page.text
+
+
+def test_client_disconnect_stops_generation_on_the_worker(stack: Stack) -> None:
+    before = stack.worker_status("w-main")
+    body = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 2000,
+            "temperature": 0, "stream": True}
+    with client(stack) as http:
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            received = 0
+            for _ in response.iter_raw():
+                received += 1
+                if received >= 5:
+                    break
+    # The client went away after a few tokens: the worker must stop within a token or so.
+    def settled() -> dict[str, Any] | None:
+        status = stack.worker_status("w-main")
+        return status if status["active"] == 0 and status["cancelled_total"] > before["cancelled_total"] else None
+
+    status = wait_for(settled, "the worker to cancel the generation", timeout=5)
+    time.sleep(0.5)
+    later = stack.worker_status("w-main")
+    assert later["tokens_generated_total"] == status["tokens_generated_total"]
+    generated = status["tokens_generated_total"] - before["tokens_generated_total"]
+    assert generated < 400, f"{generated} tokens generated for a client that left after 5"
+
+
+def test_killed_worker_leaves_the_registry_and_traffic_moves(stack: Stack) -> None:
+    doomed = stack.start_worker("w-doomed")
+    doomed.stop(signal.SIGKILL)
+    # Until its lease runs out the gateway may still pick it: that attempt fails
+    # before any byte reached the client and is retried on w-main, invisibly.
+    with client(stack) as http:
+        for _ in range(3):
+            response = http.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+            assert response.status_code == 200
+            assert response.headers["x-hedgerow-worker"] == "w-main"
+    wait_for(lambda: stack.worker("w-doomed") is None, "the lease of w-doomed to expire", 6)
+
+
+def test_worker_drains_and_deregisters_on_sigterm(stack: Stack) -> None:
+    leaving = stack.start_worker("w-leaving")
+    assert leaving.stop(signal.SIGTERM) == 0
+    assert stack.worker("w-leaving") is None, "deregistered at once, not after its lease"
+    assert "deregistered" in leaving.log()
+
+
+# -- bad input ------------------------------------------------------------
+
+BAD_INPUTS = [
+    ("malformed json", b'{"model": ', {}, 400, "invalid_request_error"),
+    ("wrong type", orjson.dumps(chat_body(temperature="hot")), {}, 400, "invalid_request_error"),
+    ("missing messages", orjson.dumps({"model": MODEL}), {}, 400, "invalid_request_error"),
+    ("unknown model", orjson.dumps(chat_body() | {"model": "gpt-9"}), {}, 404,
+     "invalid_request_error"),
+    ("too large", orjson.dumps(chat_body("x" * 2_000_000)), {}, 413, "invalid_request_error"),
+    ("bad api key", orjson.dumps(chat_body()), {"authorization": "Bearer nope"}, 401,
+     "authentication_error"),
+    ("not json", b"hello", {"content-type": "text/plain"}, 415, "invalid_request_error"),
+    ("max_tokens over limit", orjson.dumps(chat_body(max_tokens=100_000)), {}, 400,
+     "invalid_request_error"),
+]
+
+
+@pytest.mark.parametrize("name, body, headers, status, error_type", BAD_INPUTS,
+                         ids=[case[0] for case in BAD_INPUTS])
+def test_bad_input_gets_an_openai_error(stack: Stack, name: str, body: bytes,
+                                        headers: dict[str, str], status: int,
+                                        error_type: str) -> None:
+    headers = {"content-type": "application/json", **headers}
+    with client(stack) as http:
+        response = http.post("/v1/chat/completions", content=body, headers=headers)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["type"] == error_type and error["message"] and error["code"]
+    assert response.headers["x-request-id"]
+
+
+def test_wrong_method_and_unknown_path(stack: Stack) -> None:
+    with client(stack) as http:
+        assert http.get("/v1/chat/completions").status_code == 405
+        missing = http.get("/v2/nothing")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_no_healthy_worker_is_503_with_retry_after(tmp_path: Path) -> None:
+    empty = Stack(tmp_path)
+    try:
+        empty.start_control_plane()
+        empty.start_gateway(wait_ready=False)
+        with httpx.Client(base_url=empty.gateway_url, verify=str(empty.ca_cert)) as http:
+            assert http.get("/readyz").status_code == 503
+            response = http.post("/v1/chat/completions", json=chat_body())
+        assert response.status_code == 503
+        assert int(response.headers["retry-after"]) >= 1
+        assert response.json()["error"]["code"] == "no_healthy_worker"
+    finally:
+        empty.stop_all()

@@ -1,0 +1,178 @@
+"""The worker's OpenAI-compatible HTTP API over a model ``Backend``.
+
+Each token is written to the response the moment the backend yields it; when
+the caller disconnects, the stream is cancelled, which closes the backend's
+generation (it stops within one token and frees its slot).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hedgerow import openai_api as oa
+from hedgerow.asgi import (
+    SSE_DONE,
+    SSE_HEADERS,
+    Receive,
+    Request,
+    Router,
+    Scope,
+    Send,
+    handle_lifespan,
+    send_error,
+    send_json,
+    sse_event,
+    stream_until_disconnect,
+)
+from hedgerow.errors import HedgerowError, ModelNotFound, NoHealthyWorker
+from workers.backend import Backend, Finished, GenerationRequest, TokenChunk
+
+MAX_BODY = 4 * 1024 * 1024
+
+
+@dataclass
+class WorkerState:
+    worker_id: str
+    draining: bool = False
+    ready: bool = True
+
+
+@dataclass
+class WorkerApp:
+    backend: Backend
+    state: WorkerState
+    router: Router = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.router = Router()
+        self.router.add("GET", "/healthz", self.healthz)
+        self.router.add("GET", "/readyz", self.readyz)
+        self.router.add("GET", "/status", self.status)
+        self.router.add("GET", "/v1/models", self.models)
+        self.router.add("POST", "/v1/chat/completions", self.chat)
+        self.router.add("POST", "/v1/completions", self.completions)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await handle_lifespan(receive, send)
+            return
+        request = Request(scope, receive, send)
+        try:
+            handler, request.path_params = self.router.resolve(request.method, request.path)
+            await handler(request)
+        except HedgerowError as error:
+            await send_error(send, error)
+
+    async def healthz(self, request: Request) -> None:
+        await send_json(request.send, 200, {"status": "ok"})
+
+    async def readyz(self, request: Request) -> None:
+        ok = self.state.ready and not self.state.draining
+        await send_json(request.send, 200 if ok else 503, {"ready": ok})
+
+    async def status(self, request: Request) -> None:
+        body: dict[str, Any] = {
+            "worker_id": self.state.worker_id,
+            "draining": self.state.draining,
+            "kind": self.backend.kind,
+            "device": self.backend.device,
+            "models": list(self.backend.models),
+            "slots": self.backend.slots,
+            **asdict(self.backend.load()),
+        }
+        await send_json(request.send, 200, body)
+
+    async def models(self, request: Request) -> None:
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "hedgerow"}
+            for name in self.backend.models
+        ]
+        await send_json(request.send, 200, {"object": "list", "data": data})
+
+    async def chat(self, request: Request) -> None:
+        parsed = oa.parse_request(await request.body(MAX_BODY), oa.ChatCompletionRequest)
+        messages = tuple({"role": m.role, "content": m.text()} for m in parsed.messages)
+        await self._generate(request, parsed, GenerationRequest(
+            messages=messages, prompt=None, **_sampling(parsed)), chat=True)
+
+    async def completions(self, request: Request) -> None:
+        parsed = oa.parse_request(await request.body(MAX_BODY), oa.CompletionRequest)
+        await self._generate(request, parsed, GenerationRequest(
+            messages=None, prompt=parsed.prompt, **_sampling(parsed)), chat=False)
+
+    async def _generate(
+        self, request: Request, parsed: oa._Sampling, generation: GenerationRequest, *, chat: bool
+    ) -> None:
+        if parsed.model not in self.backend.models:
+            raise ModelNotFound(f"model {parsed.model!r} is not served by this worker")
+        if self.state.draining:
+            raise NoHealthyWorker("worker is draining", retry_after=1)
+        request_id = request.header("x-request-id") or uuid.uuid4().hex
+        stream = _ResponseStream(request_id, parsed.model, oa.now_created(), chat, parsed.include_usage())
+        events = self.backend.generate(generation)
+        headers = [(b"x-request-id", request_id.encode())]
+        if parsed.stream:
+            await stream_until_disconnect(
+                request, 200, list(SSE_HEADERS) + headers, stream.sse(events)
+            )
+        else:
+            await send_json(request.send, 200, await stream.whole(events), headers)
+
+
+def _sampling(parsed: oa._Sampling) -> dict[str, Any]:
+    return {
+        "max_tokens": parsed.token_limit(),
+        "temperature": parsed.temperature,
+        "top_p": parsed.top_p,
+        "seed": parsed.seed,
+        "stop": parsed.stop_sequences(),
+    }
+
+
+@dataclass
+class _ResponseStream:
+    """Turns backend events into OpenAI chunks (SSE) or one whole response."""
+
+    request_id: str
+    model: str
+    created: int
+    chat: bool
+    include_usage: bool
+
+    def _delta(self, text: str, finish: str | None = None) -> dict[str, Any]:
+        if self.chat:
+            delta = {"content": text} if text else {}
+            return oa.chat_chunk(self.request_id, self.model, self.created, delta, finish)
+        return oa.text_chunk(self.request_id, self.model, self.created, text, finish)
+
+    async def sse(self, events: AsyncIterator[TokenChunk | Finished]) -> AsyncIterator[bytes]:
+        if self.chat:
+            role = {"role": "assistant", "content": ""}
+            yield sse_event(oa.chat_chunk(self.request_id, self.model, self.created, role))
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, TokenChunk):
+                    yield sse_event(self._delta(event.text))
+                    continue
+                yield sse_event(self._delta("", event.finish_reason))
+                if self.include_usage:
+                    used = oa.usage(event.prompt_tokens, event.completion_tokens)
+                    yield sse_event(oa.usage_chunk(self.request_id, self.model, self.created, used))
+        yield SSE_DONE
+
+    async def whole(self, events: AsyncIterator[TokenChunk | Finished]) -> dict[str, Any]:
+        parts: list[str] = []
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, TokenChunk):
+                    parts.append(event.text)
+                    continue
+                used = oa.usage(event.prompt_tokens, event.completion_tokens)
+                build = oa.chat_completion if self.chat else oa.text_completion
+                return build(self.request_id, self.model, self.created, "".join(parts),
+                             event.finish_reason, used)
+        raise NoHealthyWorker("generation ended without finishing", code="generation_aborted")

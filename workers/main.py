@@ -1,0 +1,111 @@
+"""The worker process: load the model, serve it, register, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from anyio.abc import TaskStatus
+
+from hedgerow.actors import Supervisor
+from hedgerow.serving import serve_internal
+from hedgerow.wire import WorkerLoad, WorkerRegistration
+from workers.app import WorkerApp, WorkerState
+from workers.backend import Backend
+from workers.heartbeat import DeregisterNow, HeartbeatActor
+
+log = logging.getLogger("hedgerow.worker")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    control_plane: str = "http://127.0.0.1:8500"
+    host: str = "127.0.0.1"
+    port: int = 0
+    advertise_host: str | None = None
+    worker_id: str | None = None
+    model_path: Path | None = None
+    model_name: str | None = None
+    slots: int = 1
+    n_ctx: int = 2048
+    n_gpu_layers: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    drain_timeout_s: float = 30.0
+
+
+def build_llama_backend(options: WorkerOptions) -> Backend:
+    from workers.llama_backend import LlamaBackend
+    from workers.models import DEFAULT_MODEL_NAME, bundled_model_path, model_name_for
+
+    path = options.model_path or bundled_model_path()
+    name = options.model_name or (
+        DEFAULT_MODEL_NAME if options.model_path is None else model_name_for(path)
+    )
+    log.info("loading %s from %s with %d slot(s)", name, path, options.slots)
+    return LlamaBackend(
+        model_path=path,
+        model_name=name,
+        slots=options.slots,
+        n_ctx=options.n_ctx,
+        n_gpu_layers=options.n_gpu_layers,
+    )
+
+
+def current_load(backend: Backend, state: WorkerState) -> WorkerLoad:
+    load = backend.load()
+    return WorkerLoad(
+        active=load.active,
+        queued=load.queued,
+        tokens_per_s=round(load.tokens_per_s, 2),
+        draining=state.draining,
+    )
+
+
+async def run_worker(
+    options: WorkerOptions,
+    backend: Backend,
+    shutdown: anyio.Event,
+    *,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    worker_id = options.worker_id or f"{backend.kind}-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+    state = WorkerState(worker_id=worker_id)
+    app = WorkerApp(backend, state)
+    server_stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve_internal, app, options.host, options.port, server_stop)
+        registration = WorkerRegistration(
+            worker_id=worker_id,
+            url=f"http://{options.advertise_host or options.host}:{port}",
+            kind=backend.kind,  # type: ignore[arg-type]
+            device=backend.device,
+            models=backend.models,
+            slots=backend.slots,
+            labels=options.labels,
+        )
+        async with Supervisor() as supervisor:
+            link = await supervisor.spawn(
+                lambda: HeartbeatActor(options.control_plane, registration,
+                                       lambda: current_load(backend, state)),
+                name="heartbeat",
+            )
+            log.info("worker %s serving %s on port %d", worker_id, backend.models, port)
+            task_status.started(port)
+            await shutdown.wait()
+            await _drain(options, backend, state, link)
+        server_stop.set()
+
+
+async def _drain(options: WorkerOptions, backend: Backend, state: WorkerState, link: object) -> None:
+    """Leave the registry first, then let running generations finish."""
+    state.draining = True
+    log.info("draining: deregistering, then waiting for %d active", backend.load().active)
+    with anyio.move_on_after(5):
+        await link.ask(DeregisterNow(), timeout=5)  # type: ignore[attr-defined]
+    with anyio.move_on_after(options.drain_timeout_s):
+        while backend.load().active or backend.load().queued:
+            await anyio.sleep(0.1)
