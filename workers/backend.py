@@ -99,8 +99,8 @@ class BackendLoad:
     ``active``: generations holding a slot; ``queued``: generations waiting for
     one; ``tokens_per_s``: the backend's whole decode rate over the last few
     seconds. Counters are totals since start: ``generations_total`` counts
-    generations that ended (any reason), ``cancelled_total`` those stopped
-    because their consumer left first.
+    generations that got a slot and ended (any reason), ``cancelled_total``
+    those stopped because their stream was closed before ``Finished``.
     """
 
     slots: int

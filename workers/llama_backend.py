@@ -72,7 +72,9 @@ class _MeteredLlama(llama_cpp.Llama):
         self.tally = _TokenTally()
         self._vocab = llama_cpp.llama_model_get_vocab(self.model)
 
-    def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:
+    def generate(  # type: ignore[override]  # forwards llama's sampling keywords untouched
+        self, tokens: Sequence[int], *args: Any, **kwargs: Any
+    ) -> Generator[int, None, None]:
         tally = self.tally
         tally.prompt_tokens = len(tokens)
         with contextlib.closing(super().generate(tokens, *args, **kwargs)) as sampled:
@@ -170,6 +172,7 @@ class LlamaGeneration:
         self._read_done: anyio.Event | None = None
         self._finish_reason: FinishReason | None = None
         self._ended = False  # Finished was returned, or the generation failed
+        self._cut_short = False  # Finished was "cancelled": closed from another task mid-read
         self._closed = False
         self._reported_tokens = 0
 
@@ -196,7 +199,7 @@ class LlamaGeneration:
             self._read_done.set()
             self._read_done = None
         if reason is not None:
-            self._finish_reason = reason
+            self._finish_reason = "length" if reason == "length" else "stop"
         return TokenChunk(text) if text else self._finish()
 
     async def aclose(self) -> None:
@@ -244,12 +247,13 @@ class LlamaGeneration:
                 self._chunks.close()
         finally:
             self._llama = None
-            self._on_end(not self._ended)
+            self._on_end(self._cut_short or not self._ended)
             self._pool.release(llama)
 
     def _finish(self) -> Finished:
         self._ended = True
-        reason: FinishReason = "cancelled" if self._tally.stop.is_set() else self._finish_reason or "stop"
+        self._cut_short = self._tally.stop.is_set()
+        reason: FinishReason = "cancelled" if self._cut_short else self._finish_reason or "stop"
         return Finished(reason, self._tally.prompt_tokens, self._tally.completion_tokens)
 
     def _report_tokens(self) -> None:
@@ -280,7 +284,8 @@ def _llama_chunks(llama: llama_cpp.Llama, request: GenerationRequest) -> Generat
     """llama-cpp-python's stream for ``request`` as (text, finish_reason) pairs."""
     sampling = _sampling_arguments(request)
     if request.messages is not None:
-        stream: Any = llama.create_chat_completion(messages=list(request.messages), stream=True, **sampling)
+        messages: Any = list(request.messages)
+        stream: Any = llama.create_chat_completion(messages=messages, stream=True, **sampling)
         with contextlib.closing(stream):
             for chunk in stream:
                 choice = chunk["choices"][0]

@@ -17,6 +17,7 @@ from workers.llama_backend import LlamaBackend
 from workers.models import DEFAULT_MODEL_NAME, bundled_model_path
 
 COUNTING = ({"role": "user", "content": "Count from 1 to 100, separated by commas."},)
+GREETING = ({"role": "user", "content": "Say hi."},)  # SmolLM2 answers in ~25 tokens, then stops
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +50,13 @@ def text_of(events: list[GenerationEvent]) -> str:
 
 @pytest.mark.anyio
 async def test_chat_streams_tokens_then_one_finished_with_usage(backend: LlamaBackend) -> None:
-    request = chat(None, ({"role": "user", "content": "What is the capital of France?"},))
-    events = await collect(backend, request)
+    events = await collect(backend, chat(100, GREETING))
     *chunks, finished = events
     assert len(chunks) >= 3 and all(isinstance(chunk, TokenChunk) for chunk in chunks)
     assert isinstance(finished, Finished) and finished.finish_reason == "stop"
-    assert "Paris" in text_of(events)
+    assert "hello" in text_of(events).lower()
     assert 10 < finished.prompt_tokens < 60
-    assert finished.completion_tokens >= len(chunks)
+    assert len(chunks) <= finished.completion_tokens < 100
 
 
 @pytest.mark.anyio
@@ -117,14 +117,27 @@ async def test_leaving_the_stream_after_three_tokens_stops_generation(backend: L
 
 
 @pytest.mark.anyio
-async def test_cancelling_the_consumer_mid_stream_stops_generation(backend: LlamaBackend) -> None:
+async def test_cancelling_the_consumer_mid_read_stops_generation(backend: LlamaBackend) -> None:
     before = backend.load()
     seen = 0
-    with anyio.move_on_after(0.15) as scope:
-        async with contextlib.aclosing(backend.generate(chat(None))) as events:
-            async for _ in events:
-                seen += 1
-    assert scope.cancelled_caught and 0 < seen < 100
+    three_seen = anyio.Event()
+    consumer_scope = anyio.CancelScope()
+
+    async def consume() -> None:
+        nonlocal seen
+        with consumer_scope:
+            async with contextlib.aclosing(backend.generate(chat(None))) as events:
+                async for _ in events:
+                    seen += 1
+                    if seen == 3:
+                        three_seen.set()  # no checkpoint: the next read starts before the cancel
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(consume)
+            await three_seen.wait()
+            consumer_scope.cancel()
+    assert consumer_scope.cancelled_caught
     await _assert_generation_stopped(backend, before, max_new_tokens=seen + 1)
 
 
@@ -186,7 +199,8 @@ async def test_prompt_longer_than_the_context_window_is_an_invalid_request(backe
         await collect(backend, chat(5, too_long))
     assert (caught.value.status, caught.value.code) == (400, "context_length_exceeded")
     assert backend.load().active == 0
-    assert "Paris" in text_of(await collect(backend, chat(8, ({"role": "user", "content": "Capital of France?"},))))
+    after_the_error = await collect(backend, chat(8, GREETING))
+    assert isinstance(after_the_error[-1], Finished) and text_of(after_the_error)
 
 
 @pytest.mark.anyio
@@ -208,13 +222,11 @@ async def _assert_generation_stopped(backend: LlamaBackend, before: BackendLoad,
 
 
 def _answer_without_streaming(llama: llama_cpp.Llama, request: GenerationRequest) -> dict[str, Any]:
+    sampling: dict[str, Any] = {"max_tokens": request.max_tokens, "temperature": 0.0}
     if request.messages is not None:
-        answer = llama.create_chat_completion(
-            messages=list(request.messages), max_tokens=request.max_tokens, temperature=0.0  # type: ignore[arg-type]
-        )
-    else:
-        answer = llama.create_completion(prompt=request.prompt or "", max_tokens=request.max_tokens, temperature=0.0)
-    return dict(answer)  # type: ignore[arg-type]
+        messages: Any = list(request.messages)
+        return dict(llama.create_chat_completion(messages=messages, **sampling))  # type: ignore[arg-type]
+    return dict(llama.create_completion(prompt=request.prompt or "", **sampling))  # type: ignore[arg-type]
 
 
 def _reference_text(answer: dict[str, Any]) -> str:
