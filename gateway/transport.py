@@ -24,6 +24,8 @@ listen when ``serve`` reports it, so the kernel queues early connections.
 
 from __future__ import annotations
 
+import logging
+
 import asyncio
 import copy
 import errno
@@ -102,6 +104,9 @@ def build_config(
     if not hosts:
         raise ValueError("at least one host to bind is required")
     config = TlsConfig()
+    # Hypercorn's own stderr handler would print every line twice next to ours.
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.accesslog = None
     config.bind = [_bind_string(name, port) for name in hosts]
     config.quic_bind = list(config.bind) if http3 else []
     config.certfile = str(certfile)

@@ -13,10 +13,14 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 from hedgerow.logs import configure_logging
+
+if TYPE_CHECKING:
+    from workers.sim_backend import LatencyModel
 
 DEFAULT_CONTROL_PLANE = "http://127.0.0.1:8500"
 
@@ -84,11 +88,34 @@ def _add_worker(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     wk.add_argument("--model-name", help="name clients use (default: from the file name)")
     wk.add_argument("--slots", type=int, default=1, help="model instances = concurrent requests")
     wk.add_argument("--n-ctx", type=int, default=2048)
-    wk.add_argument("--n-gpu-layers", type=int, default=0)
+    wk.add_argument("--n-gpu-layers", type=int, default=None,
+                    help="layers to offload (default: all on a usable GPU, else 0)")
     wk.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                     help="e.g. --label pop=ams --label region=eu")
     wk.add_argument("--drain-timeout-s", type=float, default=30.0)
+    wk.add_argument("--backend", choices=("llama", "sim"), default="llama",
+                    help="sim: a simulated model for benchmarks and tests, never for users")
+    _add_sim_options(wk)
     wk.set_defaults(run=_run_worker)
+
+
+def _add_sim_options(wk: argparse.ArgumentParser) -> None:
+    from workers.sim_backend import LatencyModel as Sim
+
+    group = wk.add_argument_group("simulated backend (--backend sim; --model-name, --slots apply)")
+    for flag, default, help_text in [
+        ("--sim-prefill-ms-per-token", Sim.prefill_ms_per_token, "time to first token per prompt token"),
+        ("--sim-decode-ms-per-token", Sim.decode_ms_per_token, "time per further token"),
+        ("--sim-jitter", Sim.jitter, "each sleep times uniform [1-j, 1+j]"),
+        ("--sim-straggler-prob", Sim.straggler_probability, "fraction of requests slowed down"),
+        ("--sim-straggler-factor", Sim.straggler_factor, "how much slower a straggler is"),
+        ("--sim-fail-prob", Sim.failure_probability, "fail with a 500 before the first token"),
+        ("--sim-midstream-fail-prob", Sim.mid_stream_failure_probability, "break the stream mid-way"),
+    ]:
+        group.add_argument(flag, type=float, default=default, help=f"{help_text} (default {default})")
+    group.add_argument("--sim-output-tokens", type=int, default=Sim.output_tokens,
+                       help="tokens when a request sets no max_tokens")
+    group.add_argument("--sim-seed", type=int, help="seed for reproducible runs")
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
@@ -144,7 +171,7 @@ def _run_gateway(args: argparse.Namespace) -> None:
 
 
 def _run_worker(args: argparse.Namespace) -> None:
-    from workers.main import WorkerOptions, build_llama_backend, run_worker
+    from workers.main import WorkerOptions, build_llama_backend, build_sim_backend, run_worker
 
     options = WorkerOptions(
         control_plane=args.control_plane, host=args.host, port=args.port,
@@ -152,9 +179,26 @@ def _run_worker(args: argparse.Namespace) -> None:
         model_path=args.model_path, model_name=args.model_name, slots=args.slots,
         n_ctx=args.n_ctx, n_gpu_layers=args.n_gpu_layers, labels=_labels(args.label),
         drain_timeout_s=args.drain_timeout_s,
+        sim=_latency_model(args) if args.backend == "sim" else None, sim_seed=args.sim_seed,
     )
-    backend = build_llama_backend(options)
+    backend = build_sim_backend(options) if args.backend == "sim" else build_llama_backend(options)
     run_until_signalled(lambda shutdown: run_worker(options, backend, shutdown))
+
+
+def _latency_model(args: argparse.Namespace) -> LatencyModel:
+    from workers.sim_backend import LatencyModel
+
+    try:
+        return LatencyModel(
+            prefill_ms_per_token=args.sim_prefill_ms_per_token,
+            decode_ms_per_token=args.sim_decode_ms_per_token, jitter=args.sim_jitter,
+            straggler_probability=args.sim_straggler_prob,
+            straggler_factor=args.sim_straggler_factor, failure_probability=args.sim_fail_prob,
+            mid_stream_failure_probability=args.sim_midstream_fail_prob,
+            output_tokens=args.sim_output_tokens,
+        )
+    except ValueError as error:
+        raise SystemExit(f"hedgerow: {error}") from error
 
 
 def _run_up(args: argparse.Namespace) -> int:

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import ssl
+
 import anyio
 import httpx
 from anyio.abc import Process
@@ -47,7 +49,10 @@ class Stack:
 
     def commands(self) -> dict[str, list[str]]:
         base = [self.python, "-m", "hedgerow.cli"]
+        # A stable id: a restarted worker replaces its old registry entry at
+        # once instead of leaving it to expire.
         worker = base + ["worker", "--control-plane", self.control_plane_url,
+                         "--worker-id", "cpu-local-1",
                          "--slots", str(self.slots), "--host", self.host]
         if self.model_path:
             worker += ["--model-path", str(self.model_path)]
@@ -106,7 +111,7 @@ class ChildProcess:
 
 
 async def wait_until_ready(url: str, ca_cert: Path) -> None:
-    async with httpx.AsyncClient(verify=str(ca_cert), timeout=2.0) as client:
+    async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=ca_cert), timeout=2.0) as client:
         with anyio.fail_after(READY_TIMEOUT_S):
             while True:
                 try:
@@ -133,9 +138,10 @@ Stream a chat with curl:
     -d '{body}'
 
 With the OpenAI Python SDK (key sk-demo is the default policy's demo tenant):
+  import ssl
   from openai import OpenAI, DefaultHttpxClient
-  client = OpenAI(base_url="{url}/v1", api_key="sk-demo",
-                  http_client=DefaultHttpxClient(verify="{ca_cert}"))
+  tls = ssl.create_default_context(cafile="{ca_cert}")
+  client = OpenAI(base_url="{url}/v1", api_key="sk-demo", http_client=DefaultHttpxClient(verify=tls))
   for chunk in client.chat.completions.create(model="smollm2-135m-instruct", stream=True,
           messages=[{{"role": "user", "content": "Say hello in five words."}}]):
       print(chunk.choices[0].delta.content or "", end="", flush=True)

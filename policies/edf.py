@@ -35,10 +35,9 @@ class EdfHandle:
     seq: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Entry(Generic[T]):
     deadline: float
-    handle: EdfHandle
     item: T
 
 
@@ -55,6 +54,10 @@ class EdfQueue(Generic[T]):
         # compaction drops them.
         self._heap: list[tuple[float, int]] = []
         self._live: dict[int, _Entry[T]] = {}
+        # Seqs of expired items taken off the heap by ``pop``, waiting for
+        # ``expire`` to hand them out; once expired, always expired (``now``
+        # never decreases).
+        self._overdue: list[int] = []
 
     def __len__(self) -> int:
         """Items pushed and not yet popped, expired or cancelled."""
@@ -66,39 +69,29 @@ class EdfQueue(Generic[T]):
         An item pushed already past its deadline is accepted and comes back from
         the next ``expire``; ``now`` is taken for symmetry with the other calls.
         """
+        if deadline != deadline:
+            raise ValueError("a deadline cannot be NaN")
         if len(self._live) >= self.capacity:
             return None
         handle = EdfHandle(next(self._seq))
-        self._live[handle.seq] = _Entry(deadline, handle, item)
+        self._live[handle.seq] = _Entry(deadline, item)
         heapq.heappush(self._heap, (deadline, handle.seq))
         return handle
 
     def pop(self, now: float) -> T | None:
         """Remove and return the earliest-deadline item not expired at ``now``.
 
-        Items that have expired stay queued for ``expire``; since they have the
-        earliest deadlines, ``pop`` looks past them.
+        Expired items are not lost: they are set aside for the next ``expire``.
         """
-        self._drop_dead_top()
-        if not self._heap or self._heap[0][0] > now:
-            return self._take_top() if self._heap else None
-        best: _Entry[T] | None = None
-        for entry in self._live.values():
-            if entry.deadline > now and (best is None or _before(entry, best)):
-                best = entry
-        if best is None:
-            return None
-        del self._live[best.handle.seq]
-        return best.item
+        self._set_aside_overdue(now)
+        return self._take_top() if self._heap else None
 
     def expire(self, now: float) -> list[T]:
         """Remove and return, earliest deadline first, every item expired at ``now``."""
-        expired: list[T] = []
-        while True:
-            self._drop_dead_top()
-            if not self._heap or self._heap[0][0] > now:
-                return expired
-            expired.append(self._take_top())
+        self._set_aside_overdue(now)
+        due = sorted((self._live[seq].deadline, seq) for seq in self._overdue if seq in self._live)
+        self._overdue.clear()
+        return [self._live.pop(seq).item for _, seq in due]
 
     def cancel(self, handle: EdfHandle) -> bool:
         """Remove the item behind ``handle`` (its client went away).
@@ -108,14 +101,17 @@ class EdfQueue(Generic[T]):
         """
         if self._live.pop(handle.seq, None) is None:
             return False
-        if len(self._heap) > 2 * self.capacity:
+        if len(self._heap) + len(self._overdue) > 2 * self.capacity:
             self._compact()
         return True
 
     def next_deadline(self) -> float | None:
         """The earliest deadline among queued items, or None when empty."""
         self._drop_dead_top()
-        return self._heap[0][0] if self._heap else None
+        deadlines = [self._live[seq].deadline for seq in self._overdue if seq in self._live]
+        if self._heap:
+            deadlines.append(self._heap[0][0])
+        return min(deadlines, default=None)
 
     def count_ahead(self, deadline: float) -> int:
         """How many queued items an item pushed now with ``deadline`` would wait behind.
@@ -124,6 +120,12 @@ class EdfQueue(Generic[T]):
         for an EDF queue should use, not ``len``.
         """
         return sum(1 for entry in self._live.values() if entry.deadline <= deadline)
+
+    def _set_aside_overdue(self, now: float) -> None:
+        self._drop_dead_top()
+        while self._heap and self._heap[0][0] <= now:
+            self._overdue.append(heapq.heappop(self._heap)[1])
+            self._drop_dead_top()
 
     def _take_top(self) -> T:
         _, seq = heapq.heappop(self._heap)
@@ -134,9 +136,7 @@ class EdfQueue(Generic[T]):
             heapq.heappop(self._heap)
 
     def _compact(self) -> None:
-        self._heap = [(e.deadline, e.handle.seq) for e in self._live.values()]
+        self._overdue = [seq for seq in self._overdue if seq in self._live]
+        overdue = set(self._overdue)
+        self._heap = [(e.deadline, seq) for seq, e in self._live.items() if seq not in overdue]
         heapq.heapify(self._heap)
-
-
-def _before(a: _Entry[T], b: _Entry[T]) -> bool:
-    return (a.deadline, a.handle.seq) < (b.deadline, b.handle.seq)

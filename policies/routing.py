@@ -20,6 +20,9 @@ class Candidate:
     reported_active: int
     reported_queued: int
     draining: bool = False
+    # Used by the scored router (policies.scoring); least-in-flight ignores them.
+    kind: str = "cpu"  # "gpu" is the GPU pool; anything else is CPU/edge
+    tokens_per_s: float = 0.0  # measured decode speed; 0 = not measured yet
 
 
 def pick_least_inflight(

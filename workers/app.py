@@ -3,20 +3,32 @@
 Each token is written to the response the moment the backend yields it; when
 the caller disconnects, the stream is cancelled, which closes the backend's
 generation (it stops within one token and frees its slot).
+
+A streamed response starts only once the backend produced its first event, so
+a generation that fails before its first token is answered with its error
+status (a 500 the gateway can retry elsewhere). A generation that fails after
+the 200 went out (any ``HedgerowError`` from the stream, e.g. the simulated
+backend's ``SimulatedStreamBreak``) cannot change the status any more: the
+response is left unfinished, so Hypercorn drops the HTTP/1.1 connection (how
+workers are served) and the caller sees a broken stream, never a clean end.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import anyio
+
 from hedgerow import openai_api as oa
 from hedgerow.asgi import (
     SSE_DONE,
     SSE_HEADERS,
+    Headers,
     Receive,
     Request,
     Router,
@@ -27,9 +39,19 @@ from hedgerow.asgi import (
     send_json,
     sse_event,
     stream_until_disconnect,
+    wait_for_disconnect,
 )
 from hedgerow.errors import HedgerowError, ModelNotFound, NoHealthyWorker
-from workers.backend import Backend, Finished, GenerationRequest, TokenChunk
+from workers.backend import (
+    Backend,
+    Finished,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationStream,
+    TokenChunk,
+)
+
+log = logging.getLogger("hedgerow.worker")
 
 MAX_BODY = 4 * 1024 * 1024
 
@@ -116,11 +138,49 @@ class WorkerApp:
         events = self.backend.generate(generation)
         headers = [(b"x-request-id", request_id.encode())]
         if parsed.stream:
-            await stream_until_disconnect(
-                request, 200, list(SSE_HEADERS) + headers, stream.sse(events)
-            )
+            await _stream_sse(request, stream, events, list(SSE_HEADERS) + headers)
         else:
             await send_json(request.send, 200, await stream.whole(events), headers)
+
+
+async def _stream_sse(
+    request: Request, stream: _ResponseStream, events: GenerationStream, headers: Headers
+) -> None:
+    """Start the 200 at the first event; a later failure leaves the response unfinished."""
+    async with aclosing(events):
+        first = await _first_event_unless_disconnected(request, events)
+        if first is None:
+            return
+        try:
+            await stream_until_disconnect(request, 200, headers, stream.sse(first, events))
+        except* HedgerowError as failures:
+            # Returning without the final body makes Hypercorn drop the connection.
+            log.warning("stream %s broke after it started: %s", stream.request_id, failures.exceptions[0])
+
+
+async def _first_event_unless_disconnected(
+    request: Request, events: GenerationStream
+) -> GenerationEvent | None:
+    """The first event (raising its error, if any); None if the caller left before it."""
+    outcome: list[GenerationEvent | HedgerowError] = []
+    async with anyio.create_task_group() as tg:
+
+        async def read_first() -> None:
+            try:
+                outcome.append(await events.__anext__())
+            except HedgerowError as error:
+                outcome.append(error)
+            tg.cancel_scope.cancel()
+
+        async def watch() -> None:
+            await wait_for_disconnect(request.receive)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(read_first)
+        tg.start_soon(watch)
+    if outcome and isinstance(outcome[0], HedgerowError):
+        raise outcome[0]
+    return outcome[0] if outcome else None
 
 
 def _sampling(parsed: oa._Sampling) -> dict[str, Any]:
@@ -149,19 +209,24 @@ class _ResponseStream:
             return oa.chat_chunk(self.request_id, self.model, self.created, delta, finish)
         return oa.text_chunk(self.request_id, self.model, self.created, text, finish)
 
-    async def sse(self, events: AsyncIterator[TokenChunk | Finished]) -> AsyncIterator[bytes]:
+    async def sse(
+        self, first: TokenChunk | Finished, events: AsyncIterator[TokenChunk | Finished]
+    ) -> AsyncIterator[bytes]:
+        """``first`` (already read) and then the rest of ``events`` as SSE chunks."""
         if self.chat:
             role = {"role": "assistant", "content": ""}
             yield sse_event(oa.chat_chunk(self.request_id, self.model, self.created, role))
         async with aclosing(events):
-            async for event in events:
+            event: TokenChunk | Finished | None = first
+            while event is not None:
                 if isinstance(event, TokenChunk):
                     yield sse_event(self._delta(event.text))
-                    continue
-                yield sse_event(self._delta("", event.finish_reason))
-                if self.include_usage:
-                    used = oa.usage(event.prompt_tokens, event.completion_tokens)
-                    yield sse_event(oa.usage_chunk(self.request_id, self.model, self.created, used))
+                else:
+                    yield sse_event(self._delta("", event.finish_reason))
+                    if self.include_usage:
+                        used = oa.usage(event.prompt_tokens, event.completion_tokens)
+                        yield sse_event(oa.usage_chunk(self.request_id, self.model, self.created, used))
+                event = await anext(events, None)
         yield SSE_DONE
 
     async def whole(self, events: AsyncIterator[TokenChunk | Finished]) -> dict[str, Any]:

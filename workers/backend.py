@@ -26,8 +26,9 @@ fit the context window, ``RuntimeFault`` (code ``generation_failed``)
 otherwise. ``finish_reason`` is ``"cancelled"`` only when a stream is closed
 from another task while a token is being read.
 
-Implementations: ``workers.llama_backend.LlamaBackend`` (llama.cpp) and an
-in-memory simulated backend used by fast tests.
+Implementations: ``workers.llama_backend.LlamaBackend`` (llama.cpp) and
+``workers.sim_backend.SimBackend`` (a latency model with failure injection,
+for benchmarks and tests).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class GenerationStream(Protocol):
 class Backend(Protocol):
     models: tuple[str, ...]
     slots: int
-    kind: str  # "gpu" | "cpu" | "simulated"
+    kind: str  # "gpu" | "cpu" | "sim" (hedgerow.wire.WorkerKind)
     device: str | None
 
     def generate(self, request: GenerationRequest) -> GenerationStream: ...

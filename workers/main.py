@@ -17,6 +17,7 @@ from hedgerow.wire import WorkerLoad, WorkerRegistration
 from workers.app import WorkerApp, WorkerState
 from workers.backend import Backend
 from workers.heartbeat import DeregisterNow, HeartbeatActor
+from workers.sim_backend import LatencyModel, SimBackend
 
 log = logging.getLogger("hedgerow.worker")
 
@@ -32,12 +33,25 @@ class WorkerOptions:
     model_name: str | None = None
     slots: int = 1
     n_ctx: int = 2048
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = None  # None: all layers on a GPU when one is usable, else 0
     labels: dict[str, str] = field(default_factory=dict)
     drain_timeout_s: float = 30.0
+    sim: LatencyModel | None = None  # set for `--backend sim`
+    sim_seed: int | None = None
+
+
+def build_sim_backend(options: WorkerOptions) -> Backend:
+    """A simulated model (benchmarks and tests) named like the default model unless told otherwise."""
+    from workers.models import DEFAULT_MODEL_NAME
+
+    name = options.model_name or DEFAULT_MODEL_NAME
+    latency = options.sim or LatencyModel()
+    log.info("simulating %s with %d slot(s): %s", name, options.slots, latency)
+    return SimBackend(name, options.slots, latency, options.sim_seed)
 
 
 def build_llama_backend(options: WorkerOptions) -> Backend:
+    from workers.device import detect_device
     from workers.llama_backend import LlamaBackend
     from workers.models import DEFAULT_MODEL_NAME, bundled_model_path, model_name_for
 
@@ -45,13 +59,17 @@ def build_llama_backend(options: WorkerOptions) -> Backend:
     name = options.model_name or (
         DEFAULT_MODEL_NAME if options.model_path is None else model_name_for(path)
     )
-    log.info("loading %s from %s with %d slot(s)", name, path, options.slots)
+    device = detect_device()
+    layers = device.gpu_layers if options.n_gpu_layers is None else options.n_gpu_layers
+    log.info("loading %s from %s with %d slot(s) on %s (%s, gpu layers %d)",
+             name, path, options.slots, device.kind, device.name or "host CPU", layers)
     return LlamaBackend(
         model_path=path,
         model_name=name,
         slots=options.slots,
         n_ctx=options.n_ctx,
-        n_gpu_layers=options.n_gpu_layers,
+        n_gpu_layers=layers,
+        device=device,
     )
 
 

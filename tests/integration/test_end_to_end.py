@@ -8,6 +8,7 @@ own extra worker or their own small stack.
 from __future__ import annotations
 
 import signal
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,8 +43,12 @@ def chat_body(content: str = "Tell me a short story about a fox.", **extra: Any)
             "max_tokens": 48, "temperature": 0, **extra}
 
 
+def tls(stack: Stack) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=stack.ca_cert)
+
+
 def client(stack: Stack, http2: bool = False) -> httpx.Client:
-    return httpx.Client(base_url=stack.gateway_url, verify=str(stack.ca_cert), http2=http2,
+    return httpx.Client(base_url=stack.gateway_url, verify=tls(stack), http2=http2,
                         http1=not http2, timeout=60)
 
 
@@ -115,7 +120,7 @@ async def test_openai_sdk_streams_a_completion(stack: Stack) -> None:
 
     sdk = openai.AsyncOpenAI(
         base_url=stack.gateway_url + "/v1", api_key="sk-demo",
-        http_client=openai.DefaultAsyncHttpxClient(verify=str(stack.ca_cert)),
+        http_client=openai.DefaultAsyncHttpxClient(verify=tls(stack)),
     )
     async with sdk:
         stream = await sdk.chat.completions.create(
@@ -255,7 +260,7 @@ def test_no_healthy_worker_is_503_with_retry_after(tmp_path: Path) -> None:
     try:
         empty.start_control_plane()
         empty.start_gateway(wait_ready=False)
-        with httpx.Client(base_url=empty.gateway_url, verify=str(empty.ca_cert)) as http:
+        with httpx.Client(base_url=empty.gateway_url, verify=tls(empty)) as http:
             assert http.get("/readyz").status_code == 503
             response = http.post("/v1/chat/completions", json=chat_body())
         assert response.status_code == 503

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -126,7 +127,7 @@ class Stack:
                           "--state-dir", str(self.root / "state"), *extra)
         probe = "/readyz" if wait_ready else "/healthz"
         wait_for(lambda: self.ca_cert.exists() and httpx.get(
-            self.gateway_url + probe, verify=str(self.ca_cert)).status_code == 200,
+            self.gateway_url + probe, verify=ssl.create_default_context(cafile=self.ca_cert)).status_code == 200,
             f"gateway {probe}")
         return proc
 
