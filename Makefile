@@ -34,6 +34,7 @@ run: $(STAMP)
 	$(VENV)/bin/hedgerow up
 
 test: $(STAMP)
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
 test-fast: $(STAMP)

@@ -1,82 +1,68 @@
 """The gateway's OpenAI-compatible API.
 
-Request path (foundation): identify the tenant, read the body within the
-policy's limit, validate, resolve the model, pick a worker (least in-flight),
-open the upstream stream (one invisible retry on another worker if that fails
-before anything reached the client), relay SSE events as they arrive, and
-cancel upstream when the client goes away.
+Request path: identify the tenant, read the body within the policy's limit,
+validate, resolve the model, and build a ``Ticket`` (class deadline, token
+estimate, route preferences). The scheduler actor admits it or refuses it at
+once (429/503, never touching a worker), then assigns it a worker slot in
+deadline order; the dispatcher gets its first token (retrying or hedging as
+needed); the relay streams the rest. A client that goes away cancels all of
+it, which stops the generation upstream.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import httpx
 import orjson
 
+from gateway.attempt import UpstreamCall, WorkerRejected
+from gateway.dispatch import Dispatcher
 from gateway.page import CHAT_PAGE
-from gateway.upstream import WorkerClient
+from gateway.relay import RelayOutcome, collect, completion_body, stream_to_client
+from gateway.scheduler import Outcome, Submit, Ticket, TicketDone
 from hedgerow import openai_api as oa
+from hedgerow.actors import ActorRef
 from hedgerow.asgi import (
-    SSE_HEADERS,
     Headers,
     Receive,
     Request,
     Router,
     Scope,
     Send,
+    cancel_on_disconnect,
     handle_lifespan,
+    send_bytes,
     send_error,
     send_json,
     send_text,
-    sse_event,
-    stream_until_disconnect,
-    wait_for_disconnect,
 )
 from hedgerow.errors import (
     HedgerowError,
     InvalidRequest,
     ModelNotFound,
-    NoHealthyWorker,
     UnsupportedMediaType,
-    UpstreamFailed,
 )
 from hedgerow.latest import LatestValue
-from hedgerow.sse import SseParser
-from hedgerow.wire import RegistrySnapshot, WorkerRecord
-from policies.routing import Candidate, pick_least_inflight
+from hedgerow.wire import RegistrySnapshot
 from policies.schema import Policy
-from policies.tenancy import identify
+from policies.scoring import RouteRequest
+from policies.tenancy import Identity, identify
 
 log = logging.getLogger("hedgerow.gateway")
-
-NO_WORKER_RETRY_AFTER_S = 2.0
-MAX_ATTEMPTS = 2
-
-
-@dataclass
-class Dispatch:
-    """One request on its way to a worker."""
-
-    request_id: str
-    path: str
-    body: bytes
-    model: str
-    stream: bool
 
 
 @dataclass
 class GatewayApp:
     policy: Policy
     directory: LatestValue[RegistrySnapshot]
-    workers: WorkerClient
-    inflight: dict[str, int] = field(default_factory=dict)
+    scheduler: ActorRef
+    dispatcher: Dispatcher
 
     def __post_init__(self) -> None:
         self.router = Router()
@@ -136,23 +122,81 @@ class GatewayApp:
     async def _complete(
         self, request: Request, shape: type[oa.ChatCompletionRequest] | type[oa.CompletionRequest]
     ) -> None:
-        identify(self.policy, request.header("authorization"))
+        identity = identify(self.policy, request.header("authorization"))
         _require_json(request)
         body = await request.body(self.policy.limits.max_body_bytes)
         parsed = oa.parse_request(body, shape)
         self._check_limits(parsed)
         model = self.policy.canonical_model(parsed.model)
         self._ensure_model_known(model)
-        data: dict[str, Any] = orjson.loads(body)
-        data["model"] = model
-        dispatch = Dispatch(
-            request_id=request.scope["hedgerow.request_id"],
-            path=request.path,
-            body=orjson.dumps(data),
-            model=model,
-            stream=parsed.stream,
+        ticket = self._ticket(request, identity, parsed, model)
+        call = UpstreamCall(ticket.request_id, request.path, _upstream_body(body, model), model)
+        chat = isinstance(parsed, oa.ChatCompletionRequest)
+        await cancel_on_disconnect(
+            request, lambda: self._serve(request, ticket, call, parsed, chat))
+
+    def _ticket(self, request: Request, identity: Identity,
+                parsed: oa.ChatCompletionRequest | oa.CompletionRequest, model: str) -> Ticket:
+        now = time.monotonic()
+        klass = self.policy.priority_class(identity.priority_class)
+        deadline_ms = _tighter_deadline(klass.deadline_ms, request.header("x-hedgerow-deadline-ms"))
+        prompt_tokens = estimate_prompt_tokens(parsed)
+        route = RouteRequest(
+            prompt_tokens=prompt_tokens,
+            prefix_key=prefix_key(model, parsed),
+            prefer_gpu_above_tokens=self.policy.routing.prefer_gpu_above_tokens,
+            allow_cpu_fallback=self.policy.routing.allow_cpu_fallback,
         )
-        await self._dispatch(request, dispatch)
+        return Ticket(
+            request_id=request.scope["hedgerow.request_id"], tenant=identity.tenant,
+            model=model, arrival=now, deadline=now + deadline_ms / 1000,
+            estimated_tokens=prompt_tokens + (parsed.token_limit() or DEFAULT_OUTPUT_ESTIMATE),
+            route=route, hedgeable=klass.hedge)
+
+    async def _serve(self, request: Request, ticket: Ticket, call: UpstreamCall,
+                     parsed: oa.ChatCompletionRequest | oa.CompletionRequest, chat: bool) -> None:
+        started = time.monotonic()
+        refusal = await self.scheduler.ask(Submit(ticket))
+        if refusal is not None:
+            raise refusal.to_error()
+        relayed = RelayOutcome()
+        try:
+            relayed = await self._serve_admitted(request, ticket, call, parsed, chat)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.scheduler.tell(
+                    TicketDone(ticket, relayed.total_tokens, time.monotonic() - started))
+
+    async def _serve_admitted(
+        self, request: Request, ticket: Ticket, call: UpstreamCall,
+        parsed: oa.ChatCompletionRequest | oa.CompletionRequest, chat: bool,
+    ) -> RelayOutcome:
+        try:
+            attempt = await self.dispatcher.first_token(ticket, call)
+        except WorkerRejected as rejected:
+            await _send_rejection(request, rejected, ticket.request_id)
+            return RelayOutcome()
+        outcome: RelayOutcome | None = None
+        try:
+            headers: Headers = [
+                (b"x-request-id", ticket.request_id.encode()),
+                (b"x-hedgerow-worker", attempt.worker_id.encode()),
+                (b"x-hedgerow-cache", b"miss"),
+                (b"x-hedgerow-hedged", b"1" if attempt.hedged else b"0"),
+            ]
+            if parsed.stream:
+                outcome = await stream_to_client(request, attempt, headers, parsed.include_usage())
+            else:
+                outcome = await collect(attempt)
+                body = completion_body(ticket.request_id, ticket.model, outcome, chat)
+                await send_bytes(request.send, 200, body, headers)
+            return outcome
+        finally:
+            with anyio.CancelScope(shield=True):
+                await attempt.aclose()
+                result: Outcome = "abandoned" if outcome is None else (
+                    "failure" if outcome.failed else "success")
+                await self.dispatcher.report(attempt.worker_id, result)
 
     def _check_limits(self, parsed: oa.ChatCompletionRequest | oa.CompletionRequest) -> None:
         limits = self.policy.limits
@@ -173,116 +217,50 @@ class GatewayApp:
             return
         raise ModelNotFound(f"the model {model!r} does not exist", param="model")
 
-    # -- dispatch -------------------------------------------------------
 
-    async def _dispatch(self, request: Request, dispatch: Dispatch) -> None:
-        worker, response = await self._open_upstream(dispatch)
-        try:
-            headers: Headers = [
-                (b"x-request-id", dispatch.request_id.encode()),
-                (b"x-hedgerow-worker", worker.registration.worker_id.encode()),
-                (b"x-hedgerow-cache", b"miss"),
-                (b"x-hedgerow-hedged", b"0"),
-            ]
-            worker_id = worker.registration.worker_id
-            if response.status_code != 200 or not dispatch.stream:
-                await self._relay_whole(request, worker_id, response, headers)
-                return
-            events = self._relay_events(worker_id, response)
-            await stream_until_disconnect(request, 200, list(SSE_HEADERS) + headers, events)
-        finally:
-            await response.aclose()
-            self._release(worker.registration.worker_id)
+DEFAULT_OUTPUT_ESTIMATE = 256
 
-    async def _open_upstream(self, dispatch: Dispatch) -> tuple[WorkerRecord, httpx.Response]:
-        """Pick a worker and open its stream; one retry elsewhere if that fails."""
-        tried: list[str] = []
-        last_error: UpstreamFailed | None = None
-        for _ in range(MAX_ATTEMPTS):
-            worker = self._pick(dispatch.model, tried)
-            if worker is None:
-                break
-            worker_id = worker.registration.worker_id
-            tried.append(worker_id)
-            self.inflight[worker_id] = self.inflight.get(worker_id, 0) + 1
-            url = worker.registration.url.rstrip("/") + dispatch.path
-            try:
-                response = await self.workers.open_stream(worker_id, url, dispatch.body,
-                                                          dispatch.request_id)
-                return worker, response
-            except UpstreamFailed as error:
-                self._release(worker_id)
-                log.warning("request %s: %s; trying another worker", dispatch.request_id, error)
-                last_error = error
-        if last_error is not None:
-            raise NoHealthyWorker(f"no worker could take the request: {last_error.message}",
-                                  retry_after=NO_WORKER_RETRY_AFTER_S)
-        raise NoHealthyWorker(f"no healthy worker serves {dispatch.model!r} right now",
-                              retry_after=NO_WORKER_RETRY_AFTER_S)
 
-    def _pick(self, model: str, exclude: list[str]) -> WorkerRecord | None:
-        records = {w.registration.worker_id: w for w in self.directory.value.serving(model)}
-        candidates = [
-            Candidate(
-                worker_id=w.registration.worker_id,
-                slots=w.registration.slots,
-                reported_active=w.load.active,
-                reported_queued=w.load.queued,
-                draining=w.load.draining,
-            )
-            for w in records.values()
-        ]
-        chosen = pick_least_inflight(candidates, self.inflight, exclude)
-        return None if chosen is None else records[chosen.worker_id]
+def estimate_prompt_tokens(parsed: oa.ChatCompletionRequest | oa.CompletionRequest) -> int:
+    """About four characters a token: good enough to admit and route by."""
+    if isinstance(parsed, oa.ChatCompletionRequest):
+        chars = sum(len(m.text()) + 8 for m in parsed.messages)
+    else:
+        chars = len(parsed.prompt)
+    return max(1, chars // 4)
 
-    def _release(self, worker_id: str) -> None:
-        left = self.inflight.get(worker_id, 0) - 1
-        if left > 0:
-            self.inflight[worker_id] = left
-        else:
-            self.inflight.pop(worker_id, None)
 
-    async def _relay_whole(
-        self, request: Request, worker_id: str, response: httpx.Response, headers: Headers
-    ) -> None:
-        async with anyio.create_task_group() as tg:
+def prefix_key(model: str, parsed: oa.ChatCompletionRequest | oa.CompletionRequest) -> str | None:
+    """The conversation so far (all but the newest message), for prompt-cache affinity."""
+    if not isinstance(parsed, oa.ChatCompletionRequest) or len(parsed.messages) < 2:
+        return None
+    earlier = [(m.role, m.text()) for m in parsed.messages[:-1]]
+    return hashlib.blake2b(orjson.dumps([model, earlier]), digest_size=16).hexdigest()
 
-            async def read_and_send() -> None:
-                body = await self.workers.read_all(worker_id, response)
-                content_type = response.headers.get("content-type", "application/json")
-                await request.send({
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": [(b"content-type", content_type.encode()),
-                                (b"content-length", str(len(body)).encode())] + headers,
-                })
-                await request.send({"type": "http.response.body", "body": body})
-                tg.cancel_scope.cancel()
 
-            async def watch() -> None:
-                await wait_for_disconnect(request.receive)
-                tg.cancel_scope.cancel()
+def _tighter_deadline(class_deadline_ms: int, header: str | None) -> int:
+    if header is None:
+        return class_deadline_ms
+    if not header.strip().isdigit() or int(header) < 1:
+        raise InvalidRequest("x-hedgerow-deadline-ms must be a positive integer",
+                             param="x-hedgerow-deadline-ms")
+    return min(class_deadline_ms, int(header))
 
-            tg.start_soon(read_and_send)
-            tg.start_soon(watch)
 
-    async def _relay_events(self, worker_id: str, response: httpx.Response) -> AsyncIterator[bytes]:
-        """Relay the worker's SSE events one by one; a failure ends with an error event."""
-        parser = SseParser()
-        finished = False
-        try:
-            async with aclosing(self.workers.chunks(worker_id, response)) as chunks:
-                async for data in chunks:
-                    for event in parser.feed(data):
-                        finished = finished or event.data == "[DONE]"
-                        yield event.raw
-        except UpstreamFailed as error:
-            log.warning("stream from %s failed mid-way: %s", worker_id, error)
-            yield sse_event(oa.error_event(error.message, error.error_type, error.code))
-            return
-        if not finished:
-            message = f"worker {worker_id} ended the stream before it was complete"
-            yield sse_event(oa.error_event(message, UpstreamFailed.error_type, "upstream_truncated"))
+def _upstream_body(body: bytes, model: str) -> bytes:
+    """Workers are always asked to stream, with usage, for the canonical model name."""
+    data: dict[str, Any] = orjson.loads(body)
+    data["model"] = model
+    data["stream"] = True
+    data["stream_options"] = {"include_usage": True}
+    return orjson.dumps(data)
+
+
+async def _send_rejection(request: Request, rejected: WorkerRejected, request_id: str) -> None:
+    headers = [(b"content-type", rejected.content_type.encode()),
+               (b"x-request-id", request_id.encode())]
+    await send_bytes(request.send, rejected.status, rejected.body, headers[1:],
+                     content_type=rejected.content_type.encode())
 
 
 def _require_json(request: Request) -> None:

@@ -10,8 +10,10 @@ import anyio
 from anyio.abc import TaskStatus
 
 from gateway.app import GatewayApp
+from gateway.dispatch import Dispatcher
 from gateway.devcert import ensure_dev_certificate
 from gateway.follower import RegistryFollower
+from gateway.scheduler import SchedulerActor
 from gateway.transport import build_config, serve
 from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
@@ -48,12 +50,15 @@ async def run_gateway(
     policy = load_policy(options.policy_path)
     certfile, keyfile, ca_cert = _certificate(options)
     directory: LatestValue[RegistrySnapshot] = LatestValue(RegistrySnapshot(version=0), -1)
-    workers = WorkerClient()
-    app = GatewayApp(policy, directory, workers)
+    workers = WorkerClient(policy.timeouts)
     try:
         async with Supervisor() as supervisor:
             follower = RegistryFollower(options.control_plane, directory)
             supervisor.run_service("registry-follower", follower.run)
+            scheduler = await supervisor.spawn(
+                lambda: SchedulerActor(policy, directory), name="scheduler", mailbox_size=4096)
+            app = GatewayApp(policy, directory, scheduler,
+                             Dispatcher(scheduler, workers, policy))
             config = build_config(host=options.host, port=options.port,
                                   certfile=certfile, keyfile=keyfile)
             async with anyio.create_task_group() as tg:

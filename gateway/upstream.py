@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import httpx
 
 from hedgerow.errors import UpstreamFailed
+from policies.schema import Timeouts
 
 CONNECT_TIMEOUT_S = 2.0
 IDLE_TIMEOUT_S = 60.0
@@ -34,10 +35,11 @@ def map_upstream_errors(worker_id: str) -> Iterator[None]:
 
 
 class WorkerClient:
-    def __init__(self) -> None:
-        timeout = httpx.Timeout(
-            connect=CONNECT_TIMEOUT_S, read=IDLE_TIMEOUT_S, write=10.0, pool=CONNECT_TIMEOUT_S
-        )
+    def __init__(self, timeouts: Timeouts | None = None) -> None:
+        connect_s = timeouts.connect_ms / 1000 if timeouts else CONNECT_TIMEOUT_S
+        # httpx's read timeout bounds each read: the idle gap between tokens.
+        idle_s = timeouts.idle_ms / 1000 if timeouts else IDLE_TIMEOUT_S
+        timeout = httpx.Timeout(connect=connect_s, read=idle_s, write=10.0, pool=connect_s)
         limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=64)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
 

@@ -136,6 +136,21 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
+async def send_bytes(
+    send: Send, status: int, body: bytes, headers: Headers | None = None,
+    content_type: bytes = b"application/json",
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type),
+                        (b"content-length", str(len(body)).encode())] + (headers or []),
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 async def send_text(
     send: Send, status: int, text: str, content_type: bytes, headers: Headers | None = None
 ) -> None:
@@ -208,6 +223,38 @@ async def stream_until_disconnect(
 
         tg.start_soon(pump)
         tg.start_soon(watch)
+    return completed
+
+
+async def cancel_on_disconnect(request: Request, work: Callable[[], Awaitable[None]]) -> bool:
+    """Run ``work``; cancel it the moment the client disconnects.
+
+    Use once the request body has been read. Returns False when the client
+    left first. Cancelling the work is what stops upstream generation. An
+    exception from ``work`` is re-raised as itself, not as a group.
+    """
+    completed = False
+    error: Exception | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            nonlocal completed, error
+            try:
+                await work()
+                completed = True
+            except Exception as caught:  # re-raised below, outside the group
+                error = caught
+            finally:
+                tg.cancel_scope.cancel()
+
+        async def watch() -> None:
+            await wait_for_disconnect(request.receive)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(run)
+        tg.start_soon(watch)
+    if error is not None:
+        raise error
     return completed
 
 

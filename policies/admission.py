@@ -23,6 +23,10 @@ A request whose estimate exceeds the tenant's whole token burst would never
 fit; it is charged the full burst instead (so it waits for a full bucket and
 is then admitted), and ``settle`` charges what it really used.
 
+Limits come as any object with the five ``LimitsLike`` attributes: the
+policy's ``policies.schema.TenantLimits`` fits as is, and ``AdmissionLimits``
+(where ``None`` means unlimited) serves defaults and tests.
+
 ``WaitPredictor`` supplies ``predicted_wait_s``: requests that must finish
 before this one can start, spread over the slots, times an EWMA of service
 time. It is monotone non-decreasing in the queue length ahead.
@@ -33,18 +37,36 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from hedgerow.errors import HedgerowError, NoHealthyWorker, RateLimited, RuntimeFault
 from policies.token_bucket import TokenBucket
 
-RefusalReason = Literal["requests_rate", "tokens_rate", "concurrency", "queue_full", "deadline"]
+RefusalReason = Literal[
+    "requests_rate", "tokens_rate", "concurrency", "queue_full", "deadline", "no_healthy_worker"
+]
+
+
+class LimitsLike(Protocol):
+    """One tenant's limits as admission reads them; ``None`` means unlimited.
+    A missing burst defaults to one second of requests (at least 1) and one
+    minute of tokens."""
+
+    @property
+    def requests_per_s(self) -> float | None: ...
+    @property
+    def requests_burst(self) -> float | None: ...
+    @property
+    def tokens_per_min(self) -> float | None: ...
+    @property
+    def tokens_burst(self) -> float | None: ...
+    @property
+    def max_concurrency(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
-class TenantLimits:
-    """One tenant's limits; ``None`` means unlimited. Bursts default to one second
-    of requests (at least 1) and one minute of tokens."""
+class AdmissionLimits:
+    """A ``LimitsLike`` with every limit off by default."""
 
     requests_per_s: float | None = None
     requests_burst: float | None = None
@@ -85,7 +107,7 @@ AdmissionDecision = Admitted | Refused
 
 
 class _TenantState:
-    def __init__(self, limits: TenantLimits) -> None:
+    def __init__(self, limits: LimitsLike) -> None:
         self.limits = limits
         self.active = 0
         self.requests: TokenBucket | None = None
@@ -106,10 +128,10 @@ class Admission:
 
     def __init__(
         self,
-        limits: Mapping[str, TenantLimits],
+        limits: Mapping[str, LimitsLike],
         *,
         max_queue: int,
-        default_limits: TenantLimits = TenantLimits(),
+        default_limits: LimitsLike = AdmissionLimits(),
         concurrency_retry_after_s: float = 1.0,
         max_retry_after_s: float = 60.0,
     ) -> None:
@@ -124,10 +146,10 @@ class Admission:
 
     def reconfigure(
         self,
-        limits: Mapping[str, TenantLimits],
+        limits: Mapping[str, LimitsLike],
         *,
         max_queue: int,
-        default_limits: TenantLimits = TenantLimits(),
+        default_limits: LimitsLike = AdmissionLimits(),
     ) -> None:
         """Apply new limits (a policy reload). Tenants whose limits changed get fresh,
         full buckets; open requests keep counting against concurrency."""
@@ -155,7 +177,8 @@ class Admission:
         """Decide on one request.
 
         ``deadline_s`` is the time the request has left (seconds from ``now``);
-        ``queue_length`` is the length of the queue it would join.
+        ``queue_length`` is how many requests wait now in what ``max_queue``
+        bounds (all models together, if the bound is global).
         """
         if not (estimated_tokens >= 0 and math.isfinite(estimated_tokens)):
             raise ValueError(f"estimated_tokens must be finite and >= 0, not {estimated_tokens!r}")
@@ -203,7 +226,7 @@ class Admission:
         state = self._tenants.get(tenant)
         return 0 if state is None else state.active
 
-    def _limits_of(self, tenant: str) -> TenantLimits:
+    def _limits_of(self, tenant: str) -> LimitsLike:
         return self._limits.get(tenant, self._default_limits)
 
     def _state(self, tenant: str) -> _TenantState:
@@ -268,7 +291,7 @@ class WaitPredictor:
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], not {alpha!r}")
         if not (initial_service_s >= 0 and math.isfinite(initial_service_s)):
-            raise ValueError(f"initial_service_s must be finite and >= 0, not {initial_service_s!r}")
+            raise ValueError(f"initial_service_s must be finite, >= 0: {initial_service_s!r}")
         self.alpha = alpha
         self._mean_service_s = initial_service_s
         self._observed = False

@@ -16,6 +16,10 @@ Admission checks the bound first, so this is normally the backstop.
 Drive it like a timer: ``next_deadline()`` is when the next item expires, so
 the owning actor sleeps until then (or until a slot frees), calls
 ``expire(now)`` and sheds what it returns.
+
+Plain FIFO (the benchmark's comparison) is this queue with every item pushed
+at ``now + C`` for one constant ``C``: equal relative deadlines pop in
+arrival order.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ nothing that is merely average.
 
 ``HedgeBudget`` earns ``ratio`` of a hedge per request seen, up to ``burst``,
 and starts empty, so hedges spent never exceed ``ratio * requests``; ``burst``
-only bounds how many saved-up hedges one burst of stragglers can use.
+only bounds how many saved-up hedges one burst of stragglers can use. A burst
+below 1 can never hold a whole hedge: it turns hedging off.
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ class HedgeBudget:
     def __init__(self, ratio: float = 0.05, burst: float = 10.0) -> None:
         if not 0 <= ratio <= 1:
             raise ValueError(f"ratio must be in [0, 1], not {ratio!r}")
-        if not (burst >= 1 and math.isfinite(burst)):
-            raise ValueError(f"burst must be >= 1 (one whole hedge), not {burst!r}")
+        if not (burst >= 0 and math.isfinite(burst)):
+            raise ValueError(f"burst must be finite and >= 0, not {burst!r}")
         self.ratio = ratio
         self.burst = burst
         self._level = 0.0

@@ -178,9 +178,10 @@ async def _first_event_unless_disconnected(
 
         tg.start_soon(read_first)
         tg.start_soon(watch)
-    if outcome and isinstance(outcome[0], HedgerowError):
-        raise outcome[0]
-    return outcome[0] if outcome else None
+    first = outcome[0] if outcome else None
+    if isinstance(first, HedgerowError):
+        raise first
+    return first
 
 
 def _sampling(parsed: oa._Sampling) -> dict[str, Any]:
@@ -210,7 +211,7 @@ class _ResponseStream:
         return oa.text_chunk(self.request_id, self.model, self.created, text, finish)
 
     async def sse(
-        self, first: TokenChunk | Finished, events: AsyncIterator[TokenChunk | Finished]
+        self, first: TokenChunk | Finished, events: GenerationStream
     ) -> AsyncIterator[bytes]:
         """``first`` (already read) and then the rest of ``events`` as SSE chunks."""
         if self.chat:

@@ -11,7 +11,7 @@ import anyio.lowlevel
 import pytest
 
 from hedgerow.errors import HedgerowError
-from workers.backend import Finished, GenerationEvent, GenerationRequest, TokenChunk
+from workers.backend import Finished, GenerationEvent, GenerationRequest, GenerationStream, TokenChunk
 from workers.sim_backend import (
     LatencyModel,
     SimBackend,
@@ -47,8 +47,8 @@ def backend(latency: LatencyModel, vt: VirtualTime, slots: int = 1, seed: int = 
     return SimBackend("sim-model", slots, latency, seed, sleep=vt.sleep, clock=vt.clock)
 
 
-async def drain(events: object) -> list[GenerationEvent]:
-    async with aclosing(events) as stream:  # type: ignore[type-var]
+async def drain(events: GenerationStream) -> list[GenerationEvent]:
+    async with aclosing(events) as stream:
         return [event async for event in stream]
 
 

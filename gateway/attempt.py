@@ -1,0 +1,127 @@
+"""One attempt of a request on one worker, up to its first token.
+
+``start_attempt`` opens the worker's stream and reads SSE events until the
+first one that carries output (a token, or the finish); only then is the
+attempt worth relaying. Everything before that point can still be retried or
+raced by a hedge without the client noticing. A worker's 4xx is the client's
+own mistake and is returned as ``WorkerRejected`` so it reaches the client
+unchanged instead of being retried.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+
+from gateway.upstream import WorkerClient
+from hedgerow.errors import HedgerowError, UpstreamFailed
+from hedgerow.sse import SseEvent, SseParser
+from hedgerow.wire import WorkerRecord
+
+MAX_REJECTION_BYTES = 64 * 1024
+
+
+class WorkerRejected(HedgerowError):
+    """The worker refused the request as invalid (4xx): pass it through."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(f"worker rejected the request with {status}")
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+
+@dataclass(frozen=True)
+class UpstreamCall:
+    """What to send to a worker: the path and the (always streaming) body."""
+
+    request_id: str
+    path: str
+    body: bytes
+    model: str
+
+
+@dataclass(eq=False)
+class Attempt:
+    """A live upstream stream that has produced its first token."""
+
+    worker: WorkerRecord
+    hedged: bool
+    response: httpx.Response
+    events: AsyncIterator[SseEvent]
+    first: list[SseEvent] = field(default_factory=list)
+    ttft_s: float = 0.0
+
+    @property
+    def worker_id(self) -> str:
+        return self.worker.registration.worker_id
+
+    @property
+    def pool(self) -> str:
+        return self.worker.registration.kind
+
+    async def aclose(self) -> None:
+        await self.events.aclose()  # type: ignore[attr-defined]
+        await self.response.aclose()
+
+
+def carries_output(event: SseEvent) -> bool:
+    """True for a token, a finish, an error or the end: anything but a bare role chunk."""
+    if event.data == "[DONE]":
+        return True
+    try:
+        chunk: Any = orjson.loads(event.data)
+    except orjson.JSONDecodeError:
+        return True
+    if "error" in chunk or not chunk.get("choices"):
+        return True
+    choice = chunk["choices"][0]
+    delta = choice.get("delta") or {}
+    return bool(delta.get("content") or choice.get("text") or choice.get("finish_reason"))
+
+
+async def upstream_events(worker_id: str, response: httpx.Response) -> AsyncIterator[SseEvent]:
+    parser = SseParser()
+    async with aclosing(WorkerClient.chunks(worker_id, response)) as chunks:
+        async for data in chunks:
+            for event in parser.feed(data):
+                yield event
+
+
+async def start_attempt(
+    workers: WorkerClient, worker: WorkerRecord, call: UpstreamCall, *, hedged: bool,
+    ttft_timeout_s: float,
+) -> Attempt:
+    """Open the stream on ``worker`` and wait for its first token."""
+    worker_id = worker.registration.worker_id
+    started = time.monotonic()
+    url = worker.registration.url.rstrip("/") + call.path
+    response = await workers.open_stream(worker_id, url, call.body, call.request_id)
+    try:
+        if response.status_code != 200:
+            body = await WorkerClient.read_all(worker_id, response)
+            raise WorkerRejected(response.status_code, body[:MAX_REJECTION_BYTES],
+                                 response.headers.get("content-type", "application/json"))
+        events = upstream_events(worker_id, response)
+        attempt = Attempt(worker, hedged, response, events)
+        with anyio.move_on_after(ttft_timeout_s - (time.monotonic() - started)):
+            async for event in events:
+                attempt.first.append(event)
+                if carries_output(event):
+                    attempt.ttft_s = time.monotonic() - started
+                    return attempt
+            raise UpstreamFailed(f"worker {worker_id} ended its stream before any token",
+                                 code="upstream_truncated")
+        raise UpstreamFailed(f"worker {worker_id} sent no token within {ttft_timeout_s:.1f}s",
+                             code="ttft_timeout")
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+        raise

@@ -1,0 +1,194 @@
+"""Getting a request's first token: queue, attempt, retry, hedge.
+
+``Dispatcher.first_token`` waits for the scheduler to assign a worker, starts
+the attempt, and races it against time: if no first token has come after the
+pool's hedge delay (its live TTFT quantile, within the policy's floor and
+ceiling) and the hedge budget allows, the same request starts on a second
+worker; the first attempt to produce a token wins and the other is cancelled,
+which closes its connection and stops its worker. An attempt that fails before
+its first token is retried on another worker (``retries.before_first_token``
+times), invisibly to the client. Every attempt reports exactly one
+``AttemptDone`` to the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import ObjectSendStream, TaskGroup
+
+from gateway.attempt import Attempt, UpstreamCall, WorkerRejected, start_attempt
+from gateway.scheduler import (
+    AttemptDone,
+    FirstToken,
+    HedgeDelay,
+    Outcome,
+    Reroute,
+    Ticket,
+    Withdraw,
+)
+from gateway.upstream import WorkerClient
+from hedgerow.actors import ActorRef
+from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed
+from hedgerow.wire import WorkerRecord
+from policies.schema import Policy
+
+log = logging.getLogger("hedgerow.gateway.dispatch")
+
+AttemptResult = Attempt | HedgerowError
+
+
+@dataclass
+class _Race:
+    ticket: Ticket
+    call: UpstreamCall
+    tried: list[str]
+    running: int = 0
+    hedged: bool = False
+
+
+class Dispatcher:
+    def __init__(self, scheduler: ActorRef, workers: WorkerClient, policy: Policy) -> None:
+        self.scheduler = scheduler
+        self.workers = workers
+        self.policy = policy
+
+    async def report(self, worker_id: str, outcome: Outcome) -> None:
+        """Tell the scheduler an attempt ended; shielded, so cancellation can't lose it."""
+        with anyio.CancelScope(shield=True):
+            await self.scheduler.tell(AttemptDone(worker_id, outcome))
+
+    async def assigned_worker(self, ticket: Ticket) -> WorkerRecord:
+        try:
+            return await ticket.assignment.wait()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self.scheduler.tell(Withdraw(ticket))
+            raise
+
+    async def first_token(self, ticket: Ticket, call: UpstreamCall) -> Attempt:
+        first = await self.assigned_worker(ticket)
+        race = _Race(ticket, call, [first.registration.worker_id])
+        send, receive = anyio.create_memory_object_stream[AttemptResult](8)
+        winner: Attempt | None = None
+        errors: list[HedgerowError] = []
+        async with send, receive:
+            async with anyio.create_task_group() as tg:
+                self._launch(tg, race, first, send, hedged=False)
+                hedge_at = await self._hedge_at(ticket, first)
+                while race.running:
+                    result = await self._next_result(race, receive, hedge_at)
+                    if result is None:  # hedge time came first
+                        await self._hedge(tg, race, send)
+                        continue
+                    race.running -= 1
+                    if isinstance(result, Attempt):
+                        winner = result
+                        break
+                    errors.append(result)
+                    if isinstance(result, WorkerRejected):
+                        break
+                    if race.running == 0:
+                        await self._retry(tg, race, send)
+                tg.cancel_scope.cancel()
+            # A loser may have reached its first token just as the winner did.
+            leftovers = receive_leftovers(receive)
+        await self._close_losers(leftovers)
+        if winner is not None:
+            return winner
+        raise _final_error(errors)
+
+    def _launch(self, tg: TaskGroup, race: _Race, worker: WorkerRecord,
+                send: ObjectSendStream[AttemptResult], *, hedged: bool) -> None:
+        race.running += 1
+        tg.start_soon(self._attempt, race, worker, send.clone(), hedged)
+
+    async def _attempt(self, race: _Race, worker: WorkerRecord,
+                       send: ObjectSendStream[AttemptResult], hedged: bool) -> None:
+        worker_id = worker.registration.worker_id
+        ttft_timeout = self.policy.timeouts.ttft_ms / 1000
+        async with send:
+            try:
+                attempt = await start_attempt(self.workers, worker, race.call, hedged=hedged,
+                                              ttft_timeout_s=ttft_timeout)
+            except WorkerRejected as rejected:
+                await self.report(worker_id, "abandoned")
+                await send.send(rejected)
+                return
+            except UpstreamFailed as failed:
+                log.warning("request %s: %s", race.ticket.request_id, failed.message)
+                await self.report(worker_id, "failure")
+                await send.send(failed)
+                return
+            except anyio.get_cancelled_exc_class():
+                await self.report(worker_id, "abandoned")
+                raise
+            await self.scheduler.tell(FirstToken(race.ticket.model, attempt.pool, attempt.ttft_s))
+            try:
+                await send.send(attempt)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await attempt.aclose()
+                await self.report(worker_id, "abandoned")
+                raise
+
+    async def _hedge_at(self, ticket: Ticket, worker: WorkerRecord) -> float:
+        if not (ticket.hedgeable and self.policy.hedging.enabled):
+            return math.inf
+        delay = await self.scheduler.ask(HedgeDelay(ticket.model, worker.registration.kind))
+        return math.inf if delay is None else anyio.current_time() + delay
+
+    async def _next_result(self, race: _Race, receive: anyio.abc.ObjectReceiveStream[AttemptResult],
+                           hedge_at: float) -> AttemptResult | None:
+        wait = math.inf if race.hedged else max(0.0, hedge_at - anyio.current_time())
+        with anyio.move_on_after(wait):
+            return await receive.receive()
+        return None
+
+    async def _hedge(self, tg: TaskGroup, race: _Race,
+                     send: ObjectSendStream[AttemptResult]) -> None:
+        race.hedged = True
+        worker = await self.scheduler.ask(Reroute(race.ticket, tuple(race.tried), hedge=True))
+        if worker is not None:
+            log.info("request %s: hedging on %s", race.ticket.request_id,
+                     worker.registration.worker_id)
+            race.tried.append(worker.registration.worker_id)
+            self._launch(tg, race, worker, send, hedged=True)
+
+    async def _retry(self, tg: TaskGroup, race: _Race,
+                     send: ObjectSendStream[AttemptResult]) -> None:
+        if len(race.tried) > self.policy.retries.before_first_token + (1 if race.hedged else 0):
+            return
+        worker = await self.scheduler.ask(Reroute(race.ticket, tuple(race.tried), hedge=False))
+        if worker is not None:
+            log.info("request %s: retrying on %s", race.ticket.request_id,
+                     worker.registration.worker_id)
+            race.tried.append(worker.registration.worker_id)
+            self._launch(tg, race, worker, send, hedged=False)
+
+    async def _close_losers(self, leftovers: list[AttemptResult]) -> None:
+        for result in leftovers:
+            if isinstance(result, Attempt):
+                with anyio.CancelScope(shield=True):
+                    await result.aclose()
+                await self.report(result.worker_id, "abandoned")
+
+
+def receive_leftovers(receive: anyio.abc.ObjectReceiveStream[AttemptResult]) -> list[AttemptResult]:
+    leftovers: list[AttemptResult] = []
+    while True:
+        try:
+            leftovers.append(receive.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return leftovers
+
+
+def _final_error(errors: list[HedgerowError]) -> HedgerowError:
+    for error in errors:
+        if isinstance(error, WorkerRejected):
+            return error
+    detail = errors[-1].message if errors else "no worker could be reached"
+    return NoHealthyWorker(f"no worker could serve the request: {detail}", retry_after=1)

@@ -1,0 +1,433 @@
+"""The gateway's scheduler actor: admission, EDF queues, routing, breakers, hedge budget.
+
+One actor owns every piece of shared dispatch state, so request handlers
+never race on it: they ``ask`` it to admit a ``Ticket`` (a refusal comes back
+at once and touches no worker), then wait on the ticket until the scheduler
+assigns a worker slot or sheds it. Every attempt on a worker, the primary, a
+retry or a hedge, ends with exactly one ``AttemptDone`` (success, failure or
+abandoned), which frees the slot, feeds the worker's breaker and dispatches
+the next queued ticket. The decisions themselves are the sans-IO policies in
+``policies/``; this module only feeds them events and carries out their
+answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+
+from hedgerow.actors import Actor
+from hedgerow.errors import HedgerowError, NoHealthyWorker
+from hedgerow.latest import LatestValue
+from hedgerow.wire import RegistrySnapshot, WorkerRecord
+from policies.admission import Admission, Refused, WaitPredictor
+from policies.breaker import BreakerConfig, BreakerState, BreakerTransition, CircuitBreaker
+from policies.edf import EdfHandle, EdfQueue
+from policies.hedging import HedgeBudget, QuantileSketch, hedge_delay
+from policies.routing import Candidate
+from policies.schema import Policy
+from policies.scoring import RouteRequest, score_workers
+
+log = logging.getLogger("hedgerow.gateway.scheduler")
+
+Outcome = Literal["success", "failure", "abandoned"]
+
+NO_WORKER_RETRY_AFTER_S = 2.0
+FIFO_HORIZON_S = 1e9
+
+
+class _Assignment:
+    """One-shot: the worker a queued ticket got, or why it never will."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self._worker: WorkerRecord | None = None
+        self._error: HedgerowError | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self._event.is_set()
+
+    def give(self, worker: WorkerRecord) -> None:
+        self._worker = worker
+        self._event.set()
+
+    def refuse(self, error: HedgerowError) -> None:
+        self._error = error
+        self._event.set()
+
+    async def wait(self) -> WorkerRecord:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._worker is not None
+        return self._worker
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One admitted request, from admission until its last attempt ends."""
+
+    request_id: str
+    tenant: str
+    model: str
+    arrival: float
+    deadline: float  # absolute (monotonic); still queued then: shed
+    estimated_tokens: int
+    route: RouteRequest
+    hedgeable: bool
+    assignment: _Assignment = field(default_factory=_Assignment)
+    handle: EdfHandle | None = None
+    charged: float = 0.0
+    finished: bool = False
+
+
+# -- messages ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Ask: admit and queue (or assign at once). Replies None or a ``Refused``."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class Withdraw:
+    """Tell: the client left while the ticket was still queued."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class Reroute:
+    """Ask: a worker for a retry or a hedge right now, or None. Never queues."""
+
+    ticket: Ticket
+    exclude: tuple[str, ...]
+    hedge: bool
+
+
+@dataclass(frozen=True)
+class AttemptDone:
+    """Tell: one attempt on ``worker_id`` ended."""
+
+    worker_id: str
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class TicketDone:
+    """Tell: the request is over; settle its tenant's tokens and concurrency."""
+
+    ticket: Ticket
+    actual_tokens: int
+    service_s: float
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    """Tell: a first token came from ``pool`` after ``ttft_s`` (feeds hedge timing)."""
+
+    model: str
+    pool: str
+    ttft_s: float
+
+
+@dataclass(frozen=True)
+class HedgeDelay:
+    """Ask: seconds to wait for a first token before hedging on ``pool``."""
+
+    model: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Ask: a snapshot for /metrics and tests."""
+
+
+# -- the actor ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Capacity:
+    slots: int
+    busy: int
+
+
+def admission_from(policy: Policy) -> Admission:
+    limits = {t.name: t.limits for t in policy.tenants}
+    return Admission(limits, max_queue=policy.scheduling.max_queue)
+
+
+class SchedulerActor(Actor):
+    tick_interval = 0.02
+
+    def __init__(
+        self,
+        policy: Policy,
+        directory: LatestValue[RegistrySnapshot],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.directory = directory
+        self.clock = clock
+        self.admission = admission_from(policy)
+        self.queues: dict[str, EdfQueue[Ticket]] = {}
+        self.inflight: dict[str, int] = {}
+        self.breakers: dict[str, CircuitBreaker] = {}
+        self.sketches: dict[tuple[str, str], QuantileSketch] = {}
+        self.predictors: dict[str, WaitPredictor] = {}
+        h = policy.hedging
+        self.hedge_budget = HedgeBudget(ratio=h.budget_ratio, burst=max(1.0, h.budget_burst))
+        self.counters: dict[str, int] = {}
+        self.transitions: list[BreakerTransition] = []
+
+    async def receive(self, message: Any) -> Any:
+        now = self.clock()
+        match message:
+            case Submit(ticket):
+                return self._submit(ticket, now)
+            case Withdraw(ticket):
+                self._withdraw(ticket, now)
+            case Reroute(ticket, exclude, hedge):
+                return self._reroute(ticket, exclude, hedge, now)
+            case AttemptDone():
+                self._attempt_done(message, now)
+            case TicketDone(ticket, actual_tokens, service_s):
+                self._ticket_done(ticket, actual_tokens, service_s, now)
+            case FirstToken(model, pool, ttft_s):
+                self._sketch(model, pool).observe(ttft_s)
+            case HedgeDelay(model, pool):
+                return self._hedge_delay(model, pool)
+            case Stats():
+                return self._stats()
+            case _:
+                raise TypeError(f"unexpected message {message!r}")
+        return None
+
+    async def on_tick(self) -> None:
+        now = self.clock()
+        for model, queue in self.queues.items():
+            for ticket in queue.expire(now):
+                self._count("shed_deadline")
+                self._finish_refused(ticket, now, NoHealthyWorker(
+                    f"request {ticket.request_id} waited past its deadline for a worker",
+                    code="deadline_exceeded", retry_after=1))
+            self._dispatch(model, now)
+
+    # -- admission and queueing --------------------------------------------
+
+    def _submit(self, ticket: Ticket, now: float) -> Refused | None:
+        queue = self._queue(ticket.model)
+        if self._capacity(ticket.model).slots == 0:
+            self._count("shed_no_worker")
+            return Refused(503, "no_healthy_worker", NO_WORKER_RETRY_AFTER_S,
+                           f"no healthy worker serves {ticket.model!r} right now")
+        refusal = self._admit(ticket, queue, now)
+        if refusal is not None:
+            self._count(f"shed_{refusal.reason}")
+            return refusal
+        self.hedge_budget.on_request()
+        ticket.handle = queue.push(ticket, self._queue_key(ticket), now)
+        if ticket.handle is None:  # full even though admission passed (fifo mode)
+            self._release_tenant(ticket, now, actual_tokens=0)
+            self._count("shed_queue_full")
+            return Refused(503, "queue_full", 1.0, "the queue for this model is full")
+        self._dispatch(ticket.model, now)
+        return None
+
+    def _admit(self, ticket: Ticket, queue: EdfQueue[Ticket], now: float) -> Refused | None:
+        scheduling = self.policy.scheduling
+        capacity = self._capacity(ticket.model)
+        ahead = queue.count_ahead(self._queue_key(ticket))
+        wait = self._predictor(ticket.model).predict_wait(ahead, capacity.busy, capacity.slots)
+        if not scheduling.slo_admission:
+            wait = 0.0
+        prefill = ticket.route.prompt_tokens * scheduling.prefill_ms_per_token / 1000
+        left = ticket.deadline - now if scheduling.slo_admission else math.inf
+        decision = self.admission.admit(
+            ticket.tenant, ticket.estimated_tokens, wait, prefill if scheduling.slo_admission
+            else 0.0, left, now, queue_length=len(queue) if scheduling.slo_admission else 0)
+        if isinstance(decision, Refused):
+            return decision
+        ticket.charged = decision.tokens_charged
+        return None
+
+    def _queue_key(self, ticket: Ticket) -> float:
+        # FIFO mode (for comparison benchmarks): one constant offset from arrival
+        # keeps arrival order and puts every deadline out of reach (no shedding).
+        if self.policy.scheduling.order == "fifo":
+            return ticket.arrival + FIFO_HORIZON_S
+        return ticket.deadline
+
+    def _queue(self, model: str) -> EdfQueue[Ticket]:
+        queue = self.queues.get(model)
+        if queue is None:
+            queue = self.queues[model] = EdfQueue(self.policy.scheduling.max_queue)
+        return queue
+
+    def _withdraw(self, ticket: Ticket, now: float) -> None:
+        if ticket.handle is not None and self._queue(ticket.model).cancel(ticket.handle):
+            ticket.assignment.refuse(NoHealthyWorker("client went away", code="cancelled"))
+            self._release_tenant(ticket, now, actual_tokens=0)
+
+    # -- dispatch -------------------------------------------------------------
+
+    def _dispatch(self, model: str, now: float) -> None:
+        queue = self._queue(model)
+        while len(queue) and self._has_free_slot(model, now):
+            ticket = queue.pop(now)
+            if ticket is None:
+                return
+            ticket.handle = None
+            worker = self._pick(ticket, (), now)
+            if worker is None:  # its route forbids the pool that has room
+                ticket.handle = queue.push(ticket, self._queue_key(ticket), now)
+                return
+            ticket.assignment.give(worker)
+
+    def _reroute(self, ticket: Ticket, exclude: tuple[str, ...], hedge: bool,
+                 now: float) -> WorkerRecord | None:
+        if hedge and self.hedge_budget.level < 1.0:
+            self._count("hedge_budget_exhausted")
+            return None
+        worker = self._pick(ticket, exclude, now)
+        if worker is None:
+            self._count("reroute_no_worker")
+            return None
+        if hedge:
+            self.hedge_budget.try_spend()
+        self._count("hedges_started" if hedge else "retries")
+        return worker
+
+    def _candidates(self, model: str, now: float) -> dict[str, tuple[Candidate, WorkerRecord]]:
+        out: dict[str, tuple[Candidate, WorkerRecord]] = {}
+        for record in self.directory.value.serving(model):
+            wid = record.registration.worker_id
+            if self._breaker(wid).state(now) is BreakerState.OPEN:
+                continue
+            out[wid] = (Candidate(
+                worker_id=wid, slots=record.registration.slots,
+                reported_active=record.load.active, reported_queued=record.load.queued,
+                draining=record.load.draining, kind=record.registration.kind,
+                tokens_per_s=record.load.tokens_per_s), record)
+        return out
+
+    def _has_free_slot(self, model: str, now: float) -> bool:
+        return any(self.inflight.get(wid, 0) < c.slots and not c.draining
+                   for wid, (c, _) in self._candidates(model, now).items())
+
+    def _pick(self, ticket: Ticket, exclude: tuple[str, ...], now: float) -> WorkerRecord | None:
+        candidates = self._candidates(ticket.model, now)
+        ranked = score_workers([c for c, _ in candidates.values()], ticket.route,
+                               self.inflight, exclude)
+        for choice in ranked:
+            if self._breaker(choice.worker_id).allow(now):
+                self.inflight[choice.worker_id] = self.inflight.get(choice.worker_id, 0) + 1
+                return candidates[choice.worker_id][1]
+        return None
+
+    # -- completion -----------------------------------------------------------
+
+    def _attempt_done(self, done: AttemptDone, now: float) -> None:
+        left = self.inflight.get(done.worker_id, 0) - 1
+        if left > 0:
+            self.inflight[done.worker_id] = left
+        else:
+            self.inflight.pop(done.worker_id, None)
+        breaker = self._breaker(done.worker_id)
+        if done.outcome == "success":
+            breaker.on_success(now)
+        elif done.outcome == "failure":
+            breaker.on_failure(now)
+        else:
+            breaker.on_abandoned(now)
+        for model in self.queues:
+            self._dispatch(model, now)
+
+    def _ticket_done(self, ticket: Ticket, actual_tokens: int, service_s: float,
+                     now: float) -> None:
+        if ticket.finished:
+            return
+        self._predictor(ticket.model).observe_service(service_s)
+        self._release_tenant(ticket, now, actual_tokens)
+
+    def _release_tenant(self, ticket: Ticket, now: float, actual_tokens: int) -> None:
+        if ticket.finished:
+            return
+        ticket.finished = True
+        self.admission.settle(ticket.tenant, ticket.charged, actual_tokens, now)
+        self.admission.release(ticket.tenant)
+
+    def _finish_refused(self, ticket: Ticket, now: float, error: HedgerowError) -> None:
+        ticket.handle = None
+        ticket.assignment.refuse(error)
+        self._release_tenant(ticket, now, actual_tokens=0)
+
+    # -- hedging --------------------------------------------------------------
+
+    def _hedge_delay(self, model: str, pool: str) -> float | None:
+        h = self.policy.hedging
+        if not h.enabled:
+            return None
+        return hedge_delay(self._sketch(model, pool), h.quantile, h.floor_ms / 1000,
+                           h.ceiling_ms / 1000)
+
+    # -- state helpers --------------------------------------------------------
+
+    def _breaker(self, worker_id: str) -> CircuitBreaker:
+        breaker = self.breakers.get(worker_id)
+        if breaker is None:
+            b = self.policy.breaker
+            config = BreakerConfig(failure_threshold=b.failures_to_open,
+                                   open_for_s=b.open_for_ms / 1000,
+                                   max_open_for_s=b.max_open_for_ms / 1000,
+                                   probe_timeout_s=self.policy.timeouts.ttft_ms / 1000)
+            breaker = self.breakers[worker_id] = CircuitBreaker(config, self._on_transition)
+        return breaker
+
+    def _on_transition(self, transition: BreakerTransition) -> None:
+        self._count(f"breaker_to_{transition.to_state.name.lower()}")
+        log.warning("breaker %s -> %s (%s)", transition.from_state.name,
+                    transition.to_state.name, transition.cause.name)
+
+    def _sketch(self, model: str, pool: str) -> QuantileSketch:
+        key = (model, pool)
+        sketch = self.sketches.get(key)
+        if sketch is None:
+            sketch = self.sketches[key] = QuantileSketch(
+                min_samples=self.policy.hedging.min_samples)
+        return sketch
+
+    def _predictor(self, model: str) -> WaitPredictor:
+        predictor = self.predictors.get(model)
+        if predictor is None:
+            predictor = self.predictors[model] = WaitPredictor()
+        return predictor
+
+    def _capacity(self, model: str) -> Capacity:
+        records = self.directory.value.serving(model)
+        slots = sum(r.registration.slots for r in records if not r.load.draining)
+        busy = sum(self.inflight.get(r.registration.worker_id, 0) for r in records)
+        return Capacity(slots, busy)
+
+    def _count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    def _stats(self) -> dict[str, Any]:
+        return {
+            "queued": {model: len(queue) for model, queue in self.queues.items()},
+            "inflight": dict(self.inflight),
+            "counters": dict(self.counters),
+            "hedge_budget": {"level": self.hedge_budget.level,
+                             "requests": self.hedge_budget.requests_seen,
+                             "spent": self.hedge_budget.hedges_spent},
+        }
