@@ -35,13 +35,16 @@ def map_upstream_errors(worker_id: str) -> Iterator[None]:
 
 
 class WorkerClient:
-    def __init__(self, timeouts: Timeouts | None = None) -> None:
+    def __init__(
+        self, timeouts: Timeouts | None = None, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        """``transport``: an in-memory twin (``httpx.MockTransport``) for fast tests."""
         connect_s = timeouts.connect_ms / 1000 if timeouts else CONNECT_TIMEOUT_S
         # httpx's read timeout bounds each read: the idle gap between tokens.
         idle_s = timeouts.idle_ms / 1000 if timeouts else IDLE_TIMEOUT_S
         timeout = httpx.Timeout(connect=connect_s, read=idle_s, write=10.0, pool=connect_s)
         limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=64)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -1,0 +1,156 @@
+"""Real processes on this machine: control plane, workers, gateway.
+
+Used by end-to-end tests and by benchmark scenarios alike. Everything runs as
+the production CLI would run it (``python -m hedgerow.cli ...``) on free
+loopback ports, with logs kept in a working directory so a failure can be
+read afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+START_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    """A port free for both TCP and UDP on 127.0.0.1 (the gateway needs both)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            tcp.bind(("127.0.0.1", 0))
+            port = int(tcp.getsockname()[1])
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                    udp.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no port free on both TCP and UDP")
+
+
+def wait_for(predicate: Any, what: str, timeout: float = START_TIMEOUT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except (httpx.HTTPError, OSError) as error:
+            last_error = error
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what} (last error: {last_error})")
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        return int(self.popen.returncode)
+
+
+@dataclass
+class Stack:
+    root: Path
+    control_plane_port: int = 0
+    gateway_port: int = 0
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def control_plane_url(self) -> str:
+        return f"http://127.0.0.1:{self.control_plane_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"https://127.0.0.1:{self.gateway_port}"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / "state" / "tls" / "ca.pem"
+
+    def spawn(self, name: str, *args: str) -> Proc:
+        log_path = self.root / f"{name}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "hedgerow.cli", *args],
+            stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env,
+        )
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def start_control_plane(self, lease_s: float = 2.0) -> Proc:
+        self.control_plane_port = free_port()
+        proc = self.spawn("control-plane", "control-plane", "--port",
+                          str(self.control_plane_port), "--lease-s", str(lease_s))
+        wait_for(lambda: httpx.get(self.control_plane_url + "/healthz").status_code == 200,
+                 "control plane")
+        return proc
+
+    def start_worker(self, worker_id: str, *extra: str) -> Proc:
+        proc = self.spawn(worker_id, "worker", "--control-plane", self.control_plane_url,
+                          "--worker-id", worker_id, *extra)
+        wait_for(lambda: self.worker(worker_id) is not None or _exited(proc),
+                 f"worker {worker_id} to register")
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"worker {worker_id} exited:\n{proc.log()}")
+        return proc
+
+    def start_gateway(self, *extra: str, wait_ready: bool = True) -> Proc:
+        """Start a gateway; wait for /readyz (a worker known) or just /healthz."""
+        self.gateway_port = free_port()
+        proc = self.spawn("gateway", "gateway", "--port", str(self.gateway_port),
+                          "--control-plane", self.control_plane_url,
+                          "--state-dir", str(self.root / "state"), *extra)
+        probe = "/readyz" if wait_ready else "/healthz"
+        wait_for(lambda: self.ca_cert.exists() and httpx.get(
+            self.gateway_url + probe, verify=ssl.create_default_context(cafile=self.ca_cert)).status_code == 200,
+            f"gateway {probe}")
+        return proc
+
+    def workers(self) -> list[dict[str, Any]]:
+        snapshot = httpx.get(self.control_plane_url + "/v1/workers").json()
+        return list(snapshot["workers"])
+
+    def worker(self, worker_id: str) -> dict[str, Any] | None:
+        for record in self.workers():
+            if record["registration"]["worker_id"] == worker_id:
+                return record
+        return None
+
+    def worker_status(self, worker_id: str) -> dict[str, Any]:
+        record = self.worker(worker_id)
+        assert record is not None, f"{worker_id} is not registered"
+        return dict(httpx.get(record["registration"]["url"] + "/status").json())
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop(timeout=10)
+
+
+def _exited(proc: Proc) -> bool:
+    return proc.popen.poll() is not None
