@@ -33,7 +33,8 @@ from __future__ import annotations
 import random
 import ssl
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -132,17 +133,62 @@ def poisson_arrivals(
         yield offset
 
 
-def open_client(target: Target, max_connections: int | None = None) -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` for ``target`` (HTTP/2 over TLS by ALPN, h2c by prior knowledge)."""
-    verify: ssl.SSLContext | bool = (
-        ssl.create_default_context(cafile=str(target.ca_file)) if target.ca_file else True
-    )
-    http2 = target.http_version == "2"
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return httpx.AsyncClient(
-        base_url=target.base_url, http1=not http2, http2=http2, verify=verify, limits=limits,
-        timeout=httpx.Timeout(target.request_timeout_s), headers=dict(target.headers),
-    )
+class HttpClients:
+    """httpx clients for ``target``, leased one per request in flight.
+
+    HTTP/1.1: each lease gets a client that holds a single keep-alive
+    connection, reused by later leases. httpcore's pool scans all of its
+    connections for every queued request, which with a hundred connections in
+    one pool costs more CPU than the requests themselves and makes the load
+    generator the bottleneck; a hundred one-connection pools cost nothing.
+    HTTP/2: one shared client multiplexes every request (TLS by ALPN, h2c by
+    prior knowledge on ``http://`` URLs).
+    """
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        # Built once: loading a CA bundle costs tens of ms, too much for every new client.
+        self._tls = ssl.create_default_context(cafile=str(target.ca_file) if target.ca_file else None)
+        if target.ca_file is None:
+            self._tls = httpx.create_ssl_context()
+        self._idle: list[httpx.AsyncClient] = []
+        self._all: list[httpx.AsyncClient] = []
+
+    async def __aenter__(self) -> HttpClients:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @asynccontextmanager
+    async def lease(self) -> AsyncIterator[httpx.AsyncClient]:
+        if self.target.http_version == "2":
+            yield self._idle[0] if self._idle else self._new_client(shared=True)
+            return
+        client = self._idle.pop() if self._idle else self._new_client(shared=False)
+        try:
+            yield client
+        finally:
+            self._idle.append(client)
+
+    async def aclose(self) -> None:
+        clients, self._all, self._idle = self._all, [], []
+        for client in clients:
+            await client.aclose()
+
+    def _new_client(self, *, shared: bool) -> httpx.AsyncClient:
+        target = self.target
+        http2 = target.http_version == "2"
+        connections = None if shared else 1
+        client = httpx.AsyncClient(
+            base_url=target.base_url, http1=not http2, http2=http2, verify=self._tls,
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+            timeout=httpx.Timeout(target.request_timeout_s), headers=dict(target.headers),
+        )
+        self._all.append(client)
+        if shared:
+            self._idle.append(client)
+        return client
 
 
 async def run_load(
@@ -151,13 +197,13 @@ async def run_load(
     factory: RequestFactory,
     *,
     seed: int = 0,
-    client: httpx.AsyncClient | None = None,
+    clients: HttpClients | None = None,
     clock: Clock = time.perf_counter,
 ) -> LoadResult:
-    """Run ``load`` against ``target``; ``client`` (from ``open_client``) may be reused across runs."""
+    """Run ``load`` against ``target``; pass ``clients`` to keep connections across runs."""
     arrivals_rng, requests_rng = random.Random(seed), random.Random(seed + 1)
-    own_client = client is None
-    http = client or open_client(target)
+    own_clients = clients is None
+    http = clients or HttpClients(target)
     try:
         runner = _Runner(target, http, factory, requests_rng, clock)
         if isinstance(load, OpenLoop):
@@ -165,7 +211,7 @@ async def run_load(
         else:
             await runner.closed_loop(load)
     finally:
-        if own_client:
+        if own_clients:
             await http.aclose()
     records = sorted(runner.records, key=lambda record: record.index)
     return LoadResult(records=records, wall_s=runner.wall_s, load=load.describe())
@@ -174,10 +220,10 @@ async def run_load(
 class _Runner:
     """One run's shared state: the client, the records, the clock origin."""
 
-    def __init__(self, target: Target, client: httpx.AsyncClient, factory: RequestFactory,
+    def __init__(self, target: Target, clients: HttpClients, factory: RequestFactory,
                  rng: random.Random, clock: Clock) -> None:
         self.target = target
-        self.client = client
+        self.clients = clients
         self.factory = factory
         self.rng = rng
         self.clock = clock
@@ -233,7 +279,8 @@ class _Runner:
         record.send_delay_s = self.clock() - intended
         try:
             with anyio.fail_after(self.target.request_timeout_s):
-                await _exchange(self.client, self.target, spec, record, intended, self.clock)
+                async with self.clients.lease() as client:
+                    await _exchange(client, self.target, spec, record, intended, self.clock)
         except (TimeoutError, httpx.TimeoutException) as error:
             record.fail("timeout", type(error).__name__)
         except httpx.TransportError as error:

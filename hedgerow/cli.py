@@ -42,7 +42,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_control_plane(commands)
     _add_gateway(commands)
     _add_worker(commands)
+    _add_bench(commands)
     return parser
+
+
+def _add_bench(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    bench = commands.add_parser("bench", help="benchmarks (load generator and scenarios)")
+    kinds = bench.add_subparsers(dest="bench_command", required=True)
+    scenario = kinds.add_parser("scenario", help="run a named scenario; last line is JSON")
+    scenario.add_argument("name", help="overload | stragglers")
+    scenario.add_argument("--quick", action="store_true", help="short run (under 3 minutes)")
+    scenario.add_argument("--workdir", type=Path, help="keep logs and policies here")
+    scenario.set_defaults(run=_run_bench_scenario)
+
+
+def _run_bench_scenario(args: argparse.Namespace) -> None:
+    import orjson
+
+    from bench.scenarios import run_scenario
+
+    result = run_scenario(args.name, args.quick, args.workdir)
+    sys.stdout.write(orjson.dumps(result).decode() + "\n")
 
 
 def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

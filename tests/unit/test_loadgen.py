@@ -26,10 +26,10 @@ from hypercorn.asyncio import serve
 
 from bench.loadgen import (
     ClosedLoop,
+    HttpClients,
     OpenLoop,
     RequestSpec,
     Target,
-    open_client,
     poisson_arrivals,
     run_load,
 )
@@ -55,12 +55,14 @@ class FakeLlmServer:
     def __init__(self) -> None:
         self.active = 0
         self.max_active = 0
+        self.client_addresses: set[tuple[str, int]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await handle_lifespan(receive, send)
             return
         spec = orjson.loads(await _read_body(receive))
+        self.client_addresses.add(tuple(scope["client"]))
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
@@ -292,6 +294,7 @@ async def test_closed_loop_holds_exactly_its_concurrency() -> None:
         result = await run_load(Target(url), ClosedLoop(concurrency=3, count=12),
                                 always(tokens=2, first_ms=20))
     assert server.max_active == 3
+    assert len(server.client_addresses) == 3, "one kept-alive HTTP/1.1 connection per user"
     assert [r.index for r in result.records] == list(range(12))
     assert all(r.ok for r in result.records)
     assert all(r.send_delay_s is not None and r.send_delay_s < 0.01 for r in result.records)
@@ -313,9 +316,9 @@ async def test_http2_over_tls_with_a_private_ca(tmp_path: Path) -> None:
         tg.start_soon(lambda: serve(FakeLlmServer(), config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
         await _wait_until_serving(url, ssl.create_default_context(cafile=str(ca_file)))
         target = Target(url, http_version="2", ca_file=ca_file)
-        async with open_client(target) as client:
+        async with HttpClients(target) as clients:
             result = await run_load(target, ClosedLoop(concurrency=4, count=8), always(tokens=2),
-                                    client=client)
+                                    clients=clients)
         stop.set()
     assert all(r.ok and r.http_version == "HTTP/2" for r in result.records)
 
