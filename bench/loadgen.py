@@ -148,10 +148,10 @@ class HttpClients:
     def __init__(self, target: Target) -> None:
         self.target = target
         # Built once: loading a CA bundle costs tens of ms, too much for every new client.
-        self._tls = ssl.create_default_context(cafile=str(target.ca_file) if target.ca_file else None)
-        if target.ca_file is None:
-            self._tls = httpx.create_ssl_context()
-        self._idle: list[httpx.AsyncClient] = []
+        self._tls = (ssl.create_default_context(cafile=str(target.ca_file)) if target.ca_file
+                     else httpx.create_ssl_context())
+        self._shared: httpx.AsyncClient | None = None  # HTTP/2
+        self._idle: list[httpx.AsyncClient] = []  # HTTP/1.1, most recently used last
         self._all: list[httpx.AsyncClient] = []
 
     async def __aenter__(self) -> HttpClients:
@@ -163,31 +163,29 @@ class HttpClients:
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[httpx.AsyncClient]:
         if self.target.http_version == "2":
-            yield self._idle[0] if self._idle else self._new_client(shared=True)
+            self._shared = self._shared or self._new_client(connections=None)
+            yield self._shared
             return
-        client = self._idle.pop() if self._idle else self._new_client(shared=False)
+        client = self._idle.pop() if self._idle else self._new_client(connections=1)
         try:
             yield client
         finally:
             self._idle.append(client)
 
     async def aclose(self) -> None:
-        clients, self._all, self._idle = self._all, [], []
+        clients, self._all, self._idle, self._shared = self._all, [], [], None
         for client in clients:
             await client.aclose()
 
-    def _new_client(self, *, shared: bool) -> httpx.AsyncClient:
+    def _new_client(self, *, connections: int | None) -> httpx.AsyncClient:
         target = self.target
         http2 = target.http_version == "2"
-        connections = None if shared else 1
         client = httpx.AsyncClient(
             base_url=target.base_url, http1=not http2, http2=http2, verify=self._tls,
             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
             timeout=httpx.Timeout(target.request_timeout_s), headers=dict(target.headers),
         )
         self._all.append(client)
-        if shared:
-            self._idle.append(client)
         return client
 
 
@@ -218,7 +216,7 @@ async def run_load(
 
 
 class _Runner:
-    """One run's shared state: the client, the records, the clock origin."""
+    """One run's shared state: the clients, the records, the clock origin."""
 
     def __init__(self, target: Target, clients: HttpClients, factory: RequestFactory,
                  rng: random.Random, clock: Clock) -> None:

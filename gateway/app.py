@@ -139,7 +139,11 @@ class GatewayApp:
                 parsed: oa.ChatCompletionRequest | oa.CompletionRequest, model: str) -> Ticket:
         now = time.monotonic()
         klass = self.policy.priority_class(identity.priority_class)
-        deadline_ms = _tighter_deadline(klass.deadline_ms, request.header("x-hedgerow-deadline-ms"))
+        asked = request.header("x-hedgerow-deadline-ms")
+        deadline_ms = _tighter_deadline(klass.deadline_ms, asked)
+        # Served in order of first-token due time: the class's SLO, or sooner
+        # when the client asked for a tighter deadline than that.
+        due_ms = klass.ttft_slo_ms if asked is None else min(klass.ttft_slo_ms, deadline_ms)
         prompt_tokens = estimate_prompt_tokens(parsed)
         route = RouteRequest(
             prompt_tokens=prompt_tokens,
@@ -149,13 +153,12 @@ class GatewayApp:
         )
         return Ticket(
             request_id=request.scope["hedgerow.request_id"], tenant=identity.tenant,
-            model=model, arrival=now, deadline=now + deadline_ms / 1000,
+            model=model, arrival=now, due=now + due_ms / 1000, deadline=now + deadline_ms / 1000,
             estimated_tokens=prompt_tokens + (parsed.token_limit() or DEFAULT_OUTPUT_ESTIMATE),
             route=route, hedgeable=klass.hedge)
 
     async def _serve(self, request: Request, ticket: Ticket, call: UpstreamCall,
                      parsed: oa.ChatCompletionRequest | oa.CompletionRequest, chat: bool) -> None:
-        started = time.monotonic()
         refusal = await self.scheduler.ask(Submit(ticket))
         if refusal is not None:
             raise refusal.to_error()
@@ -164,8 +167,7 @@ class GatewayApp:
             relayed = await self._serve_admitted(request, ticket, call, parsed, chat)
         finally:
             with anyio.CancelScope(shield=True):
-                await self.scheduler.tell(
-                    TicketDone(ticket, relayed.total_tokens, time.monotonic() - started))
+                await self.scheduler.tell(TicketDone(ticket, relayed.total_tokens))
 
     async def _serve_admitted(
         self, request: Request, ticket: Ticket, call: UpstreamCall,

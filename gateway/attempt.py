@@ -22,7 +22,7 @@ import orjson
 
 from gateway.upstream import WorkerClient
 from hedgerow.errors import HedgerowError, UpstreamFailed
-from hedgerow.sse import SseEvent, SseParser
+from hedgerow.sse import SseEvent, SseOverflow, SseParser
 from hedgerow.wire import WorkerRecord
 
 MAX_REJECTION_BYTES = 64 * 1024
@@ -91,7 +91,12 @@ async def upstream_events(worker_id: str, response: httpx.Response) -> AsyncIter
     parser = SseParser()
     async with aclosing(WorkerClient.chunks(worker_id, response)) as chunks:
         async for data in chunks:
-            for event in parser.feed(data):
+            try:
+                events = parser.feed(data)
+            except (SseOverflow, UnicodeDecodeError) as error:
+                raise UpstreamFailed(f"worker {worker_id} sent a malformed stream: {error}",
+                                     code="upstream_malformed") from error
+            for event in events:
                 yield event
 
 
@@ -99,9 +104,21 @@ async def start_attempt(
     workers: WorkerClient, worker: WorkerRecord, call: UpstreamCall, *, hedged: bool,
     ttft_timeout_s: float,
 ) -> Attempt:
-    """Open the stream on ``worker`` and wait for its first token."""
+    """Open the stream on ``worker`` and wait for its first token, within the TTFT timeout.
+
+    The timeout covers the wait for the response headers too: a worker starts
+    its response only when its first token is ready.
+    """
+    with anyio.move_on_after(ttft_timeout_s):
+        return await _open_until_first_token(workers, worker, call, hedged, time.monotonic())
+    raise UpstreamFailed(f"worker {worker.registration.worker_id} sent no token within "
+                         f"{ttft_timeout_s:.1f}s", code="ttft_timeout")
+
+
+async def _open_until_first_token(
+    workers: WorkerClient, worker: WorkerRecord, call: UpstreamCall, hedged: bool, started: float,
+) -> Attempt:
     worker_id = worker.registration.worker_id
-    started = time.monotonic()
     url = worker.registration.url.rstrip("/") + call.path
     response = await workers.open_stream(worker_id, url, call.body, call.request_id)
     try:
@@ -109,18 +126,14 @@ async def start_attempt(
             body = await WorkerClient.read_all(worker_id, response)
             raise WorkerRejected(response.status_code, body[:MAX_REJECTION_BYTES],
                                  response.headers.get("content-type", "application/json"))
-        events = upstream_events(worker_id, response)
-        attempt = Attempt(worker, hedged, response, events)
-        with anyio.move_on_after(ttft_timeout_s - (time.monotonic() - started)):
-            async for event in events:
-                attempt.first.append(event)
-                if carries_output(event):
-                    attempt.ttft_s = time.monotonic() - started
-                    return attempt
-            raise UpstreamFailed(f"worker {worker_id} ended its stream before any token",
-                                 code="upstream_truncated")
-        raise UpstreamFailed(f"worker {worker_id} sent no token within {ttft_timeout_s:.1f}s",
-                             code="ttft_timeout")
+        attempt = Attempt(worker, hedged, response, upstream_events(worker_id, response))
+        async for event in attempt.events:
+            attempt.first.append(event)
+            if carries_output(event):
+                attempt.ttft_s = time.monotonic() - started
+                return attempt
+        raise UpstreamFailed(f"worker {worker_id} ended its stream before any token",
+                             code="upstream_truncated")
     except BaseException:
         with anyio.CancelScope(shield=True):
             await response.aclose()

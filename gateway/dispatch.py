@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
-from anyio.abc import ObjectSendStream, TaskGroup
+from anyio.abc import ObjectReceiveStream, ObjectSendStream, TaskGroup
 
 from gateway.attempt import Attempt, UpstreamCall, WorkerRejected, start_attempt
 from gateway.scheduler import (
@@ -48,6 +48,9 @@ class _Race:
     tried: list[str]
     running: int = 0
     hedged: bool = False
+    retries: int = 0
+    winner: Attempt | None = None
+    errors: list[HedgerowError] = field(default_factory=list)
 
 
 class Dispatcher:
@@ -73,33 +76,38 @@ class Dispatcher:
         first = await self.assigned_worker(ticket)
         race = _Race(ticket, call, [first.registration.worker_id])
         send, receive = anyio.create_memory_object_stream[AttemptResult](8)
-        winner: Attempt | None = None
-        errors: list[HedgerowError] = []
         async with send, receive:
-            async with anyio.create_task_group() as tg:
-                self._launch(tg, race, first, send, hedged=False)
-                hedge_at = await self._hedge_at(ticket, first)
-                while race.running:
-                    result = await self._next_result(race, receive, hedge_at)
-                    if result is None:  # hedge time came first
-                        await self._hedge(tg, race, send)
-                        continue
-                    race.running -= 1
-                    if isinstance(result, Attempt):
-                        winner = result
-                        break
-                    errors.append(result)
-                    if isinstance(result, WorkerRejected):
-                        break
-                    if race.running == 0:
-                        await self._retry(tg, race, send)
-                tg.cancel_scope.cancel()
+            try:
+                await self._run(race, first, send, receive)
+            except BaseException:  # the client left: even a winner must be closed now
+                await self._close_losers([*receive_leftovers(receive), *_present(race.winner)])
+                raise
             # A loser may have reached its first token just as the winner did.
-            leftovers = receive_leftovers(receive)
-        await self._close_losers(leftovers)
-        if winner is not None:
-            return winner
-        raise _final_error(errors)
+            await self._close_losers(receive_leftovers(receive))
+        if race.winner is not None:
+            return race.winner
+        raise _final_error(race.errors)
+
+    async def _run(self, race: _Race, first: WorkerRecord, send: ObjectSendStream[AttemptResult],
+                   receive: ObjectReceiveStream[AttemptResult]) -> None:
+        async with anyio.create_task_group() as tg:
+            self._launch(tg, race, first, send, hedged=False)
+            hedge_at = await self._hedge_at(race.ticket, first)
+            while race.running:
+                result = await self._next_result(race, receive, hedge_at)
+                if result is None:  # hedge time came first
+                    await self._hedge(tg, race, send)
+                    continue
+                race.running -= 1
+                if isinstance(result, Attempt):
+                    race.winner = result
+                    break
+                race.errors.append(result)
+                if isinstance(result, WorkerRejected):
+                    break
+                if race.running == 0:
+                    await self._retry(tg, race, send)
+            tg.cancel_scope.cancel()
 
     def _launch(self, tg: TaskGroup, race: _Race, worker: WorkerRecord,
                 send: ObjectSendStream[AttemptResult], *, hedged: bool) -> None:
@@ -123,13 +131,14 @@ class Dispatcher:
                 await self.report(worker_id, "failure")
                 await send.send(failed)
                 return
-            except anyio.get_cancelled_exc_class():
+            except BaseException:  # cancelled (lost the race, client left), or a bug
                 await self.report(worker_id, "abandoned")
                 raise
-            await self.scheduler.tell(FirstToken(race.ticket.model, attempt.pool, attempt.ttft_s))
             try:
+                await self.scheduler.tell(FirstToken(race.ticket.model, attempt.pool,
+                                                     attempt.ttft_s))
                 await send.send(attempt)
-            except BaseException:
+            except BaseException:  # cancelled just as it got its first token: it lost
                 with anyio.CancelScope(shield=True):
                     await attempt.aclose()
                 await self.report(worker_id, "abandoned")
@@ -141,7 +150,7 @@ class Dispatcher:
         delay = await self.scheduler.ask(HedgeDelay(ticket.model, worker.registration.kind))
         return math.inf if delay is None else anyio.current_time() + delay
 
-    async def _next_result(self, race: _Race, receive: anyio.abc.ObjectReceiveStream[AttemptResult],
+    async def _next_result(self, race: _Race, receive: ObjectReceiveStream[AttemptResult],
                            hedge_at: float) -> AttemptResult | None:
         wait = math.inf if race.hedged else max(0.0, hedge_at - anyio.current_time())
         with anyio.move_on_after(wait):
@@ -160,12 +169,13 @@ class Dispatcher:
 
     async def _retry(self, tg: TaskGroup, race: _Race,
                      send: ObjectSendStream[AttemptResult]) -> None:
-        if len(race.tried) > self.policy.retries.before_first_token + (1 if race.hedged else 0):
+        if race.retries >= self.policy.retries.before_first_token:
             return
         worker = await self.scheduler.ask(Reroute(race.ticket, tuple(race.tried), hedge=False))
         if worker is not None:
             log.info("request %s: retrying on %s", race.ticket.request_id,
                      worker.registration.worker_id)
+            race.retries += 1
             race.tried.append(worker.registration.worker_id)
             self._launch(tg, race, worker, send, hedged=False)
 
@@ -177,13 +187,17 @@ class Dispatcher:
                 await self.report(result.worker_id, "abandoned")
 
 
-def receive_leftovers(receive: anyio.abc.ObjectReceiveStream[AttemptResult]) -> list[AttemptResult]:
+def receive_leftovers(receive: ObjectReceiveStream[AttemptResult]) -> list[AttemptResult]:
     leftovers: list[AttemptResult] = []
     while True:
         try:
             leftovers.append(receive.receive_nowait())
         except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
             return leftovers
+
+
+def _present(attempt: Attempt | None) -> list[AttemptResult]:
+    return [] if attempt is None else [attempt]
 
 
 def _final_error(errors: list[HedgerowError]) -> HedgerowError:

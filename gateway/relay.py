@@ -117,7 +117,11 @@ async def collect(attempt: Attempt) -> RelayOutcome:
         if event.data == "[DONE]":
             outcome.complete = True
             continue
-        chunk = orjson.loads(event.data)
+        try:
+            chunk = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            raise UpstreamFailed(f"worker {attempt.worker_id} sent an event that is not JSON",
+                                 code="upstream_malformed") from None
         if "error" in chunk:
             raise UpstreamFailed(str(chunk["error"].get("message", "worker error")),
                                  code="upstream_error")

@@ -40,6 +40,9 @@ Outcome = Literal["success", "failure", "abandoned"]
 
 NO_WORKER_RETRY_AFTER_S = 2.0
 FIFO_HORIZON_S = 1e9
+# HedgeBudget.try_spend forgives float shortfalls this small (0.1 added ten
+# times is 0.9999999999999999); the affordability check must agree with it.
+HEDGE_LEVEL_EPSILON = 1e-9
 
 
 class _Assignment:
@@ -53,6 +56,11 @@ class _Assignment:
     @property
     def settled(self) -> bool:
         return self._event.is_set()
+
+    @property
+    def worker(self) -> WorkerRecord | None:
+        """The worker given, if one was."""
+        return self._worker
 
     def give(self, worker: WorkerRecord) -> None:
         self._worker = worker
@@ -78,14 +86,17 @@ class Ticket:
     tenant: str
     model: str
     arrival: float
-    deadline: float  # absolute (monotonic); still queued then: shed
+    deadline: float  # absolute (monotonic): still queued then, shed
     estimated_tokens: int
     route: RouteRequest
     hedgeable: bool
+    # Absolute: first token wanted by then; the queue serves by it. None: the deadline.
+    due: float | None = None
     assignment: _Assignment = field(default_factory=_Assignment)
     handle: EdfHandle | None = None
     charged: float = 0.0
     finished: bool = False
+    assigned_at: float | None = None
 
 
 # -- messages ---------------------------------------------------------------
@@ -100,7 +111,8 @@ class Submit:
 
 @dataclass(frozen=True)
 class Withdraw:
-    """Tell: the client left while the ticket was still queued."""
+    """Tell: the client left before the ticket's first attempt started
+    (still queued, or assigned a worker it will never use)."""
 
     ticket: Ticket
 
@@ -128,7 +140,6 @@ class TicketDone:
 
     ticket: Ticket
     actual_tokens: int
-    service_s: float
 
 
 @dataclass(frozen=True)
@@ -201,8 +212,8 @@ class SchedulerActor(Actor):
                 return self._reroute(ticket, exclude, hedge, now)
             case AttemptDone():
                 self._attempt_done(message, now)
-            case TicketDone(ticket, actual_tokens, service_s):
-                self._ticket_done(ticket, actual_tokens, service_s, now)
+            case TicketDone(ticket, actual_tokens):
+                self._ticket_done(ticket, actual_tokens, now)
             case FirstToken(model, pool, ttft_s):
                 self._sketch(model, pool).observe(ttft_s)
             case HedgeDelay(model, pool):
@@ -236,7 +247,7 @@ class SchedulerActor(Actor):
             self._count(f"shed_{refusal.reason}")
             return refusal
         self.hedge_budget.on_request()
-        ticket.handle = queue.push(ticket, self._queue_key(ticket), now)
+        ticket.handle = self._push(queue, ticket, now)
         if ticket.handle is None:  # full even though admission passed (fifo mode)
             self._release_tenant(ticket, now, actual_tokens=0)
             self._count("shed_queue_full")
@@ -262,11 +273,16 @@ class SchedulerActor(Actor):
         return None
 
     def _queue_key(self, ticket: Ticket) -> float:
-        # FIFO mode (for comparison benchmarks): one constant offset from arrival
-        # keeps arrival order and puts every deadline out of reach (no shedding).
+        # FIFO mode (for comparison benchmarks) serves in arrival order.
         if self.policy.scheduling.order == "fifo":
-            return ticket.arrival + FIFO_HORIZON_S
-        return ticket.deadline
+            return ticket.arrival
+        return ticket.deadline if ticket.due is None else ticket.due
+
+    def _push(self, queue: EdfQueue[Ticket], ticket: Ticket, now: float) -> EdfHandle | None:
+        # FIFO mode never sheds: its deadlines are out of reach.
+        fifo = self.policy.scheduling.order == "fifo"
+        deadline = ticket.arrival + FIFO_HORIZON_S if fifo else ticket.deadline
+        return queue.push(ticket, deadline, now, key=self._queue_key(ticket))
 
     def _queue(self, model: str) -> EdfQueue[Ticket]:
         queue = self.queues.get(model)
@@ -276,8 +292,12 @@ class SchedulerActor(Actor):
 
     def _withdraw(self, ticket: Ticket, now: float) -> None:
         if ticket.handle is not None and self._queue(ticket.model).cancel(ticket.handle):
-            ticket.assignment.refuse(NoHealthyWorker("client went away", code="cancelled"))
-            self._release_tenant(ticket, now, actual_tokens=0)
+            self._finish_refused(ticket, now, NoHealthyWorker("client went away",
+                                                              code="cancelled"))
+        elif ticket.assignment.worker is not None:
+            # Assigned just as the client left: no attempt will ever free the slot.
+            worker_id = ticket.assignment.worker.registration.worker_id
+            self._attempt_done(AttemptDone(worker_id, "abandoned"), now)
 
     # -- dispatch -------------------------------------------------------------
 
@@ -290,13 +310,14 @@ class SchedulerActor(Actor):
             ticket.handle = None
             worker = self._pick(ticket, (), now)
             if worker is None:  # its route forbids the pool that has room
-                ticket.handle = queue.push(ticket, self._queue_key(ticket), now)
+                ticket.handle = self._push(queue, ticket, now)
                 return
+            ticket.assigned_at = now
             ticket.assignment.give(worker)
 
     def _reroute(self, ticket: Ticket, exclude: tuple[str, ...], hedge: bool,
                  now: float) -> WorkerRecord | None:
-        if hedge and self.hedge_budget.level < 1.0:
+        if hedge and self.hedge_budget.level + HEDGE_LEVEL_EPSILON < 1.0:
             self._count("hedge_budget_exhausted")
             return None
         worker = self._pick(ticket, exclude, now)
@@ -353,11 +374,12 @@ class SchedulerActor(Actor):
         for model in self.queues:
             self._dispatch(model, now)
 
-    def _ticket_done(self, ticket: Ticket, actual_tokens: int, service_s: float,
-                     now: float) -> None:
+    def _ticket_done(self, ticket: Ticket, actual_tokens: int, now: float) -> None:
         if ticket.finished:
             return
-        self._predictor(ticket.model).observe_service(service_s)
+        if ticket.assigned_at is not None:
+            # How long a worker slot was held: what the wait prediction needs.
+            self._predictor(ticket.model).observe_service(now - ticket.assigned_at)
         self._release_tenant(ticket, now, actual_tokens)
 
     def _release_tenant(self, ticket: Ticket, now: float, actual_tokens: int) -> None:

@@ -42,53 +42,65 @@ class EdfHandle:
 @dataclass(frozen=True)
 class _Entry(Generic[T]):
     deadline: float
+    key: float
     item: T
 
 
 class EdfQueue(Generic[T]):
-    """A bounded earliest-deadline-first queue with cancellation by handle."""
+    """A bounded earliest-deadline-first queue with cancellation by handle.
+
+    Items are served in ``key`` order (by default their deadline) and expire at
+    their ``deadline``. A separate key lets a class be *served* by its first-
+    token due time while it may still *wait* until a later hard deadline.
+    """
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, not {capacity!r}")
         self.capacity = capacity
         self._seq = itertools.count()
-        # Heap of (deadline, seq); the live entries are those still in _live.
-        # Cancelled entries stay in the heap until they reach the top or a
-        # compaction drops them.
-        self._heap: list[tuple[float, int]] = []
+        # Two lazy heaps over the same live entries: service order and expiry.
+        # Entries that left (popped, expired, cancelled) are dropped from a heap
+        # when they reach its top, or by a compaction.
+        self._order: list[tuple[float, int]] = []
+        self._expiry: list[tuple[float, int]] = []
         self._live: dict[int, _Entry[T]] = {}
-        # Seqs of expired items taken off the heap by ``pop``, waiting for
-        # ``expire`` to hand them out; once expired, always expired (``now``
-        # never decreases).
-        self._overdue: list[int] = []
+        # Expired but not yet handed out by ``expire``: never popped again
+        # (``now`` never decreases).
+        self._overdue: set[int] = set()
 
     def __len__(self) -> int:
         """Items pushed and not yet popped, expired or cancelled."""
         return len(self._live)
 
-    def push(self, item: T, deadline: float, now: float) -> EdfHandle | None:
+    def push(self, item: T, deadline: float, now: float, *, key: float | None = None) -> EdfHandle | None:
         """Queue ``item``; return its handle, or ``None`` (nothing queued) when full.
 
-        An item pushed already past its deadline is accepted and comes back from
-        the next ``expire``; ``now`` is taken for symmetry with the other calls.
+        ``key`` orders service (default: ``deadline``). An item pushed already
+        past its deadline is accepted and comes back from the next ``expire``.
         """
-        if deadline != deadline:
-            raise ValueError("a deadline cannot be NaN")
+        order = deadline if key is None else key
+        if deadline != deadline or order != order:
+            raise ValueError("a deadline or key cannot be NaN")
         if len(self._live) >= self.capacity:
             return None
         handle = EdfHandle(next(self._seq))
-        self._live[handle.seq] = _Entry(deadline, item)
-        heapq.heappush(self._heap, (deadline, handle.seq))
+        self._live[handle.seq] = _Entry(deadline, order, item)
+        heapq.heappush(self._order, (order, handle.seq))
+        heapq.heappush(self._expiry, (deadline, handle.seq))
         return handle
 
     def pop(self, now: float) -> T | None:
-        """Remove and return the earliest-deadline item not expired at ``now``.
+        """Remove and return the first item in key order not expired at ``now``.
 
         Expired items are not lost: they are set aside for the next ``expire``.
         """
         self._set_aside_overdue(now)
-        return self._take_top() if self._heap else None
+        self._drop_gone(self._order)
+        if not self._order:
+            return None
+        _, seq = heapq.heappop(self._order)
+        return self._live.pop(seq).item
 
     def expire(self, now: float) -> list[T]:
         """Remove and return, earliest deadline first, every item expired at ``now``."""
@@ -105,42 +117,42 @@ class EdfQueue(Generic[T]):
         """
         if self._live.pop(handle.seq, None) is None:
             return False
-        if len(self._heap) + len(self._overdue) > 2 * self.capacity:
+        self._overdue.discard(handle.seq)
+        if len(self._order) > 2 * self.capacity:
             self._compact()
         return True
 
     def next_deadline(self) -> float | None:
         """The earliest deadline among queued items, or None when empty."""
-        self._drop_dead_top()
         deadlines = [self._live[seq].deadline for seq in self._overdue if seq in self._live]
-        if self._heap:
-            deadlines.append(self._heap[0][0])
+        self._drop_gone(self._expiry)
+        if self._expiry:
+            deadlines.append(self._expiry[0][0])
         return min(deadlines, default=None)
 
-    def count_ahead(self, deadline: float) -> int:
-        """How many queued items an item pushed now with ``deadline`` would wait behind.
+    def count_ahead(self, key: float) -> int:
+        """How many queued items an item pushed now with ``key`` would wait behind.
 
-        Equal deadlines count as ahead (FIFO). This is what a wait prediction
-        for an EDF queue should use, not ``len``.
+        Equal keys count as ahead (FIFO). This is what a wait prediction for an
+        EDF queue should use, not ``len``.
         """
-        return sum(1 for entry in self._live.values() if entry.deadline <= deadline)
+        return sum(1 for seq, entry in self._live.items()
+                   if entry.key <= key and seq not in self._overdue)
 
     def _set_aside_overdue(self, now: float) -> None:
-        self._drop_dead_top()
-        while self._heap and self._heap[0][0] <= now:
-            self._overdue.append(heapq.heappop(self._heap)[1])
-            self._drop_dead_top()
+        self._drop_gone(self._expiry)
+        while self._expiry and self._expiry[0][0] <= now:
+            self._overdue.add(heapq.heappop(self._expiry)[1])
+            self._drop_gone(self._expiry)
 
-    def _take_top(self) -> T:
-        _, seq = heapq.heappop(self._heap)
-        return self._live.pop(seq).item
-
-    def _drop_dead_top(self) -> None:
-        while self._heap and self._heap[0][1] not in self._live:
-            heapq.heappop(self._heap)
+    def _drop_gone(self, heap: list[tuple[float, int]]) -> None:
+        """Pop entries that left the queue or are set aside as overdue."""
+        while heap and (heap[0][1] not in self._live or heap[0][1] in self._overdue):
+            heapq.heappop(heap)
 
     def _compact(self) -> None:
-        self._overdue = [seq for seq in self._overdue if seq in self._live]
-        overdue = set(self._overdue)
-        self._heap = [(e.deadline, seq) for seq, e in self._live.items() if seq not in overdue]
-        heapq.heapify(self._heap)
+        self._order = [(e.key, seq) for seq, e in self._live.items() if seq not in self._overdue]
+        self._expiry = [(e.deadline, seq) for seq, e in self._live.items()
+                        if seq not in self._overdue]
+        heapq.heapify(self._order)
+        heapq.heapify(self._expiry)

@@ -101,12 +101,25 @@ def test_many_cancellations_stay_bounded() -> None:
     for i in range(1000):
         handle = queue.push(i, deadline=1e6 - i, now=0.0)
         assert handle is not None and queue.cancel(handle)
-    assert len(queue._heap) <= 2 * queue.capacity + 1
+    assert len(queue._order) + len(queue._expiry) <= 2 * (2 * queue.capacity + 1)
     for i in range(1000):  # expired items stepped over by pop, then shed
         queue.push(i, deadline=float(i), now=float(i))
         assert queue.pop(now=float(i)) is None
         assert queue.expire(now=float(i)) == [i]
-    assert len(queue._heap) + len(queue._overdue) <= 2 * queue.capacity + 1
+    assert len(queue._order) + len(queue._expiry) + len(queue._overdue) <= 3 * (2 * queue.capacity + 1)
+
+
+def test_service_key_orders_while_deadline_expires() -> None:
+    """A batch item may be served after its due time, until its later hard deadline."""
+    queue: EdfQueue[str] = EdfQueue(capacity=8)
+    queue.push("batch", 5.0, now=0.0, key=10.0)  # due at 10, given up at 5
+    queue.push("interactive", 0.5, now=0.1, key=0.5)
+    assert queue.count_ahead(0.6) == 1
+    assert queue.pop(now=0.2) == "interactive"
+    assert queue.pop(now=4.0) == "batch"
+    queue.push("late", 5.0, now=0.0, key=10.0)
+    assert queue.pop(now=6.0) is None
+    assert queue.expire(now=6.0) == ["late"]
 
 
 def test_count_ahead_counts_earlier_and_equal_deadlines() -> None:

@@ -1,0 +1,714 @@
+"""Tail control through the real scheduler actor and dispatcher, against in-memory workers.
+
+A real ``Supervisor`` runs a real ``SchedulerActor`` over a registry of fake
+workers; a real ``Dispatcher`` talks to them through ``WorkerClient`` with an
+``httpx.MockTransport`` twin (``tests.support.fake_workers``) that streams
+OpenAI chunks with controlled delays and failures and records what reached
+each worker. ``Rig.serve`` does what the gateway app does for a streaming
+request (submit, first token, relay, report, ticket done), so each test
+asserts what a client or an operator would notice: who answered, when, what
+the SSE stream said, which worker requests were made or cut short, and the
+scheduler's own statistics. No sockets, no model; small real delays.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+import yaml
+
+from gateway.attempt import UpstreamCall, WorkerRejected
+from gateway.dispatch import Dispatcher
+from gateway.relay import RelayOutcome, stream_to_client
+from gateway.scheduler import (
+    SchedulerActor,
+    Stats,
+    Submit,
+    Ticket,
+    TicketDone,
+    Withdraw,
+)
+from gateway.upstream import WorkerClient
+from hedgerow.actors import ActorRef, Supervisor
+from hedgerow.asgi import Message, Request
+from hedgerow.errors import HedgerowError, NoHealthyWorker
+from hedgerow.latest import LatestValue
+from hedgerow.wire import RegistrySnapshot, WorkerRecord
+from policies.admission import Refused
+from policies.schema import Policy, parse_policy
+from policies.scoring import RouteRequest
+from tests.support.fake_workers import Behaviour, FakeWorkers, record
+
+pytestmark = pytest.mark.anyio
+
+MODEL = "m"
+TEXT = "Hello, world"
+
+BASE_POLICY: dict[str, Any] = {
+    "anonymous_tenant": "t",
+    "classes": [
+        {"name": "interactive", "ttft_slo_ms": 1000, "deadline_ms": 10000, "hedge": True},
+        {"name": "batch", "ttft_slo_ms": 30000, "deadline_ms": 120000, "hedge": False},
+    ],
+    "tenants": [{"name": "t", "class": "interactive"}],
+    "models": [{"name": MODEL}],
+    "timeouts": {"ttft_ms": 5000},
+    "hedging": {"enabled": True, "floor_ms": 150, "ceiling_ms": 150,
+                "budget_ratio": 1.0, "budget_burst": 10},
+    "breaker": {"failures_to_open": 3, "open_for_ms": 2000},
+}
+
+
+def make_policy(**sections: Any) -> Policy:
+    """The base policy with whole sections merged in (dicts) or replaced (lists)."""
+    doc = copy.deepcopy(BASE_POLICY)
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(doc.get(key), dict):
+            doc[key].update(value)
+        else:
+            doc[key] = value
+    return parse_policy(yaml.safe_dump(doc), "test policy")
+
+
+def tenant_limits(**limits: Any) -> list[dict[str, Any]]:
+    return [{"name": "t", "class": "interactive", "limits": limits}]
+
+
+# -- the client side ----------------------------------------------------------
+
+
+@dataclass
+class ClientSink:
+    """The ASGI ``send`` side of one client connection, recorded with times."""
+
+    sent: list[tuple[float, Message]] = field(default_factory=list)
+
+    async def send(self, message: Message) -> None:
+        self.sent.append((anyio.current_time(), message))
+
+    async def receive(self) -> Message:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    def request(self) -> Request:
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+        return Request(scope, self.receive, self.send)
+
+    def data(self) -> list[str]:
+        body = b"".join(m.get("body", b"") for _, m in self.sent
+                        if m["type"] == "http.response.body")
+        return [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")]
+
+    def text(self) -> str:
+        chunks = [orjson.loads(d) for d in self.data() if d != "[DONE]"]
+        return "".join((c["choices"][0]["delta"].get("content") or "")
+                       for c in chunks if c.get("choices"))
+
+    def response_closed(self) -> bool:
+        return bool(self.sent) and not self.sent[-1][1].get("more_body", False)
+
+
+@dataclass
+class Served:
+    """What one request came to, as its client would see it."""
+
+    ticket: Ticket
+    started: float
+    ended: float = 0.0
+    refused: Refused | None = None
+    error: HedgerowError | None = None
+    worker_id: str | None = None
+    hedged: bool = False
+    outcome: RelayOutcome | None = None
+    sink: ClientSink = field(default_factory=ClientSink)
+
+    @property
+    def elapsed(self) -> float:
+        return self.ended - self.started
+
+
+# -- the rig --------------------------------------------------------------------
+
+
+@dataclass
+class Rig:
+    policy: Policy
+    scheduler: ActorRef
+    dispatcher: Dispatcher
+    workers: FakeWorkers
+    _ids: Any = field(default_factory=itertools.count)
+
+    def ticket(self, klass: str = "interactive", *, deadline_s: float | None = None) -> Ticket:
+        """A ticket as the gateway app builds one for tenant ``t``."""
+        now = time.monotonic()
+        priority = self.policy.priority_class(klass)
+        deadline = deadline_s if deadline_s is not None else priority.deadline_ms / 1000
+        due = min(priority.ttft_slo_ms / 1000, deadline)
+        route = RouteRequest(prompt_tokens=8,
+                             prefer_gpu_above_tokens=self.policy.routing.prefer_gpu_above_tokens,
+                             allow_cpu_fallback=self.policy.routing.allow_cpu_fallback)
+        return Ticket(request_id=f"{klass}-{next(self._ids)}", tenant="t", model=MODEL,
+                      arrival=now, due=now + due, deadline=now + deadline,
+                      estimated_tokens=24, route=route, hedgeable=priority.hedge)
+
+    @staticmethod
+    def call(ticket: Ticket) -> UpstreamCall:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me about foxes."}],
+                "max_tokens": 16, "stream": True, "stream_options": {"include_usage": True}}
+        return UpstreamCall(ticket.request_id, "/v1/chat/completions", orjson.dumps(body), MODEL)
+
+    async def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self.scheduler.ask(Stats())
+        return result
+
+    async def counter(self, name: str) -> int:
+        return int((await self.stats())["counters"].get(name, 0))
+
+    async def serve(self, ticket: Ticket) -> Served:
+        """What ``GatewayApp`` does for one streaming request."""
+        served = Served(ticket, anyio.current_time())
+        served.refused = await self.scheduler.ask(Submit(ticket))
+        if served.refused is not None:
+            served.ended = anyio.current_time()
+            return served
+        try:
+            attempt = await self.dispatcher.first_token(ticket, self.call(ticket))
+            served.worker_id, served.hedged = attempt.worker_id, attempt.hedged
+            served.outcome = await self._relay(attempt, served.sink)
+        except HedgerowError as error:
+            served.error = error
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.scheduler.tell(TicketDone(ticket, 0))
+            served.ended = anyio.current_time()
+        return served
+
+    async def serve_into(self, results: dict[str, Served], ticket: Ticket) -> None:
+        results[ticket.request_id] = await self.serve(ticket)
+
+    async def _relay(self, attempt: Any, sink: ClientSink) -> RelayOutcome:
+        outcome: RelayOutcome | None = None
+        try:
+            outcome = await stream_to_client(sink.request(), attempt, [], include_usage=True)
+            return outcome
+        finally:
+            with anyio.CancelScope(shield=True):
+                await attempt.aclose()
+                result = "abandoned" if outcome is None else (
+                    "failure" if outcome.failed else "success")
+                await self.dispatcher.report(attempt.worker_id, result)
+
+
+@asynccontextmanager
+async def running(policy: Policy, behaviours: dict[str, Behaviour],
+                  records: list[WorkerRecord] | None = None) -> AsyncIterator[Rig]:
+    """Scheduler + dispatcher over fake workers (one cpu worker per behaviour, 4 slots)."""
+    workers = FakeWorkers(behaviours)
+    records = records or [record(w, model=MODEL) for w in behaviours]
+    directory = LatestValue(RegistrySnapshot(version=1, workers=tuple(records)), 1)
+    client = WorkerClient(policy.timeouts, transport=workers.transport())
+    try:
+        async with Supervisor() as supervisor:
+            scheduler = await supervisor.spawn(lambda: SchedulerActor(policy, directory),
+                                               name="scheduler", mailbox_size=1024)
+            yield Rig(policy, scheduler, Dispatcher(scheduler, client, policy), workers)
+    finally:
+        await client.aclose()
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 2.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.005)
+
+
+async def eventually_idle(rig: Rig) -> dict[str, Any]:
+    """Stats once nothing is in flight any more (reports are tells: let them land)."""
+    with anyio.fail_after(2.0):
+        while True:
+            stats = await rig.stats()
+            if not stats["inflight"]:
+                return stats
+            await anyio.sleep(0.01)
+
+
+async def queued_becomes(rig: Rig, count: int) -> None:
+    with anyio.fail_after(2.0):
+        while (await rig.stats())["queued"].get(MODEL) != count:
+            await anyio.sleep(0.005)
+
+
+def assert_served_fully(served: Served) -> None:
+    assert served.refused is None and served.error is None, (served.refused, served.error)
+    assert served.outcome is not None and served.outcome.complete and not served.outcome.failed
+    assert served.sink.text() == TEXT
+    assert served.sink.data()[-1] == "[DONE]"
+    assert served.sink.response_closed()
+
+
+# -- 1. hedging fires at the pool's delay; the loser is cancelled ---------------
+
+
+@pytest.mark.parametrize("slow_phase", ["before_headers", "after_headers"])
+async def test_slow_first_token_is_hedged_after_the_delay_and_the_loser_is_cut_off(
+    slow_phase: str,
+) -> None:
+    # A real worker starts its response at its first token; a proxy in between
+    # may start it early. Either way the straggler must be hedged and cut off.
+    slow = (Behaviour(headers_after_s=3.0) if slow_phase == "before_headers"
+            else Behaviour(first_token_after_s=3.0))
+    async with running(make_policy(), {"a": slow, "b": Behaviour()}) as rig:
+        served = await rig.serve(rig.ticket())
+        assert_served_fully(served)
+        assert served.worker_id == "b" and served.hedged
+        [primary], [hedge] = rig.workers.calls_to("a"), rig.workers.calls_to("b")
+        assert 0.14 <= hedge.arrived - primary.arrived <= 0.30
+        assert served.elapsed < 0.6  # not the straggler's 3 s
+        await wait_until(lambda: primary.hung_up)
+        assert not primary.completed and hedge.completed and not hedge.hung_up
+        stats = await eventually_idle(rig)
+        assert stats["counters"]["hedges_started"] == 1
+
+
+async def test_hedge_delay_follows_the_pools_live_ttft_quantile() -> None:
+    policy = make_policy(hedging={"floor_ms": 20, "ceiling_ms": 2000, "min_samples": 5,
+                                  "quantile": 0.95})
+    usual = Behaviour(first_token_after_s=0.08)
+    async with running(policy, {"a": usual, "b": Behaviour()}) as rig:
+        for _ in range(5):  # below min_samples the ceiling (2 s) applies: no hedge
+            assert_served_fully(await rig.serve(rig.ticket()))
+        assert rig.workers.calls_to("b") == []
+        rig.workers.behaviours["a"] = Behaviour(first_token_after_s=3.0)
+        served = await rig.serve(rig.ticket())
+        assert served.worker_id == "b" and served.hedged
+        gap = rig.workers.calls_to("b")[0].arrived - rig.workers.calls_to("a")[-1].arrived
+        assert 0.075 <= gap <= 0.25  # the pool's p95 TTFT (~80 ms), not the 2 s ceiling
+        await eventually_idle(rig)
+
+
+@pytest.mark.parametrize("turns_apart", range(6))
+async def test_near_simultaneous_first_tokens_leave_no_stream_open_and_no_slot_held(
+    turns_apart: int,
+) -> None:
+    # Primary and hedge get their first tokens a few event-loop turns apart, so
+    # the loser is somewhere between its first token and handing it over when
+    # the winner is chosen: wherever it is, its stream must be closed and its
+    # slot released.
+    release_a, release_b = anyio.Event(), anyio.Event()
+    policy = make_policy(hedging={"floor_ms": 30, "ceiling_ms": 30})
+    behaviours = {"a": Behaviour(hold=release_a), "b": Behaviour(hold=release_b)}
+    async with running(policy, behaviours) as rig:
+        results: dict[str, Served] = {}
+        async with anyio.create_task_group() as tg:
+            ticket = rig.ticket()
+            tg.start_soon(rig.serve_into, results, ticket)
+            await wait_until(lambda: len(rig.workers.calls) == 2)
+            await anyio.sleep(0.01)
+            release_a.set()
+            for _ in range(turns_apart):
+                await anyio.sleep(0)
+            release_b.set()
+        assert_served_fully(results[ticket.request_id])
+        await eventually_idle(rig)
+        winner = results[ticket.request_id].worker_id
+        [loser] = [c for c in rig.workers.calls if c.worker_id != winner]
+        assert loser.hung_up and not loser.completed
+
+
+async def test_client_leaving_during_a_hedged_race_cuts_off_both_workers() -> None:
+    policy = make_policy(hedging={"floor_ms": 50, "ceiling_ms": 50})
+    slow = {"a": Behaviour(first_token_after_s=3.0), "b": Behaviour(first_token_after_s=3.0)}
+    async with running(policy, slow) as rig:
+        ticket = rig.ticket()
+        assert await rig.scheduler.ask(Submit(ticket)) is None
+        with anyio.move_on_after(0.2):
+            await rig.dispatcher.first_token(ticket, rig.call(ticket))
+        assert len(rig.workers.calls) == 2
+        assert all(c.hung_up for c in rig.workers.calls)
+        await eventually_idle(rig)
+
+
+@pytest.mark.parametrize("turns_later", range(8))
+async def test_client_leaving_as_the_first_token_arrives_leaks_nothing(turns_later: int) -> None:
+    # The client leaves a few event-loop turns after the worker's first token:
+    # before, while or after the dispatcher picks the winner.
+    release = anyio.Event()
+    policy = make_policy(hedging={"enabled": False})
+    async with running(policy, {"a": Behaviour(hold=release)}) as rig:
+        ticket = rig.ticket()
+        assert await rig.scheduler.ask(Submit(ticket)) is None
+        got: list[Any] = []
+        async with anyio.create_task_group() as tg:
+            client = anyio.CancelScope()
+
+            async def wait_for_first_token() -> None:
+                with client:
+                    got.append(await rig.dispatcher.first_token(ticket, rig.call(ticket)))
+
+            tg.start_soon(wait_for_first_token)
+            await wait_until(lambda: len(rig.workers.calls) == 1)
+            await anyio.sleep(0.01)
+            release.set()
+            for _ in range(turns_later):
+                await anyio.sleep(0)
+            client.cancel()
+        for attempt in got:  # it got its attempt before leaving: the app closes it
+            await attempt.aclose()
+            await rig.dispatcher.report(attempt.worker_id, "abandoned")
+        await eventually_idle(rig)
+        [call] = rig.workers.calls
+        assert call.hung_up and not call.completed
+
+
+# -- 2, 3. the hedge budget and non-hedgeable requests ---------------------------
+
+
+async def test_no_hedge_without_budget_the_primary_answers() -> None:
+    policy = make_policy(hedging={"floor_ms": 50, "ceiling_ms": 50, "budget_ratio": 0.0})
+    async with running(policy, {"a": Behaviour(first_token_after_s=0.3),
+                                "b": Behaviour()}) as rig:
+        served = await rig.serve(rig.ticket())
+        assert_served_fully(served)
+        assert served.worker_id == "a" and not served.hedged
+        assert served.elapsed >= 0.3
+        assert rig.workers.calls_to("b") == []
+        stats = await eventually_idle(rig)
+        assert stats["counters"]["hedge_budget_exhausted"] == 1
+        assert stats["hedge_budget"]["spent"] == 0
+
+
+async def test_hedges_stay_within_ratio_of_requests() -> None:
+    ratio, requests = 0.25, 8
+    policy = make_policy(hedging={"floor_ms": 30, "ceiling_ms": 30, "budget_ratio": ratio,
+                                  "budget_burst": 1})
+    async with running(policy, {"a": Behaviour(first_token_after_s=0.08),
+                                "b": Behaviour()}) as rig:
+        results = [await rig.serve(rig.ticket()) for _ in range(requests)]
+        for served in results:
+            assert_served_fully(served)
+        hedges = len(rig.workers.calls_to("b"))
+        assert hedges == sum(s.hedged for s in results)
+        # The budget starts empty and earns `ratio` per request: every 4th is hedged.
+        assert hedges == int(ratio * requests) == 2
+        stats = await eventually_idle(rig)
+        assert stats["hedge_budget"]["spent"] == hedges
+        assert stats["hedge_budget"]["requests"] == requests
+
+
+@pytest.mark.parametrize("why", ["class_not_hedgeable", "hedging_disabled"])
+async def test_request_that_must_not_be_hedged_waits_for_its_worker(why: str) -> None:
+    hedging = {"floor_ms": 30, "ceiling_ms": 30, "enabled": why != "hedging_disabled"}
+    klass = "batch" if why == "class_not_hedgeable" else "interactive"
+    async with running(make_policy(hedging=hedging),
+                       {"a": Behaviour(first_token_after_s=0.25), "b": Behaviour()}) as rig:
+        served = await rig.serve(rig.ticket(klass))
+        assert_served_fully(served)
+        assert served.worker_id == "a" and not served.hedged
+        assert rig.workers.calls_to("b") == []
+        stats = await eventually_idle(rig)
+        assert "hedges_started" not in stats["counters"]
+        assert "hedge_budget_exhausted" not in stats["counters"]
+
+
+# -- 4, 5. failures before the first token: retried, or passed through ------------
+
+
+@pytest.mark.parametrize("failure", ["connection_refused", "status_500", "ttft_timeout"])
+async def test_failure_before_first_token_is_retried_invisibly(failure: str) -> None:
+    broken = {"connection_refused": Behaviour(refuse_connection=True),
+              "status_500": Behaviour(status=500),
+              "ttft_timeout": Behaviour(headers_after_s=3.0)}[failure]
+    policy = make_policy(hedging={"enabled": False}, timeouts={"ttft_ms": 150},
+                         breaker={"failures_to_open": 1})
+    async with running(policy, {"a": broken, "b": Behaviour()}) as rig:
+        served = await rig.serve(rig.ticket())
+        assert_served_fully(served)
+        assert served.worker_id == "b" and not served.hedged
+        assert not any('"error"' in d for d in served.sink.data())
+        [first] = rig.workers.calls_to("a")
+        if failure == "ttft_timeout":
+            assert first.hung_up and 0.14 <= served.elapsed <= 0.5
+        stats = await eventually_idle(rig)
+        assert stats["counters"]["retries"] == 1
+        # failures_to_open is 1: the one failure the worker caused opened its breaker.
+        assert stats["counters"]["breaker_to_open"] == 1
+
+
+@pytest.mark.parametrize("hedge_refused", [False, True])
+async def test_retries_stop_at_the_policy_limit(hedge_refused: bool) -> None:
+    # A hedge that was due but refused by the budget does not buy an extra retry.
+    failing = Behaviour(headers_after_s=0.1 if hedge_refused else 0.0, status=500)
+    hedging = ({"floor_ms": 30, "ceiling_ms": 30, "budget_ratio": 0.0} if hedge_refused
+               else {"enabled": False})
+    policy = make_policy(hedging=hedging, retries={"before_first_token": 1})
+    behaviours = {"a": failing, "b": Behaviour(status=500), "c": Behaviour()}
+    async with running(policy, behaviours) as rig:
+        served = await rig.serve(rig.ticket())
+        assert isinstance(served.error, NoHealthyWorker)
+        assert served.error.status == 503 and served.sink.sent == []
+        assert [c.worker_id for c in rig.workers.calls] == ["a", "b"]
+        stats = await eventually_idle(rig)
+        assert stats["counters"]["retries"] == 1
+
+
+async def test_worker_400_is_passed_through_not_retried() -> None:
+    policy = make_policy(breaker={"failures_to_open": 1})
+    async with running(policy, {"a": Behaviour(status=400), "b": Behaviour()}) as rig:
+        served = await rig.serve(rig.ticket())
+        assert isinstance(served.error, WorkerRejected)
+        assert served.error.status == 400
+        assert orjson.loads(served.error.body)["error"]["param"] == "max_tokens"
+        assert served.error.content_type.startswith("application/json")
+        assert rig.workers.calls_to("b") == []
+        stats = await eventually_idle(rig)
+        assert "retries" not in stats["counters"]
+        assert "breaker_to_open" not in stats["counters"]  # the client's fault, not the worker's
+
+
+# -- 6. failure after the first token ---------------------------------------------
+
+
+@pytest.mark.parametrize(("breakage", "code"), [
+    (Behaviour(break_after_tokens=1), "upstream_unreachable"),
+    (Behaviour(end_after_tokens=2), "upstream_truncated"),
+    (Behaviour(garbage_after_tokens=1), "upstream_malformed"),
+])
+async def test_failure_after_first_token_ends_the_stream_with_an_error_event(
+    breakage: Behaviour, code: str,
+) -> None:
+    async with running(make_policy(), {"a": breakage, "b": Behaviour()}) as rig:
+        served = await rig.serve(rig.ticket())
+        assert served.error is None and served.worker_id == "a"
+        data = served.sink.data()
+        assert "[DONE]" not in data
+        assert TEXT.startswith(served.sink.text()) and served.sink.text()  # a token got out
+        error = orjson.loads(data[-1])["error"]
+        assert error["code"] == code and error["type"] == "upstream_error"
+        assert served.sink.response_closed()
+        assert served.outcome is not None and served.outcome.failed
+        assert rig.workers.calls_to("b") == []  # too late to retry: the client saw tokens
+        await eventually_idle(rig)
+
+
+# -- 7. circuit breaker -----------------------------------------------------------
+
+
+async def test_breaker_opens_moves_traffic_then_one_probe_closes_it() -> None:
+    policy = make_policy(hedging={"enabled": False},
+                         breaker={"failures_to_open": 2, "open_for_ms": 300})
+    async with running(policy, {"a": Behaviour(status=500), "b": Behaviour()}) as rig:
+        for _ in range(2):  # a is preferred (ties go by id) and fails; b answers instead
+            served = await rig.serve(rig.ticket())
+            assert_served_fully(served)
+            assert served.worker_id == "b"
+        assert len(rig.workers.calls_to("a")) == 2
+        assert await rig.counter("breaker_to_open") == 1
+        served = await rig.serve(rig.ticket())  # open: a is not even tried
+        assert served.worker_id == "b"
+        assert len(rig.workers.calls_to("a")) == 2
+
+        rig.workers.behaviours["a"] = Behaviour(first_token_after_s=0.1)
+        await anyio.sleep(0.35)  # open_for_ms has passed: half-open, one probe allowed
+        results: dict[str, Served] = {}
+        async with anyio.create_task_group() as tg:
+            probe, other = rig.ticket(), rig.ticket()
+            tg.start_soon(rig.serve_into, results, probe)
+            await wait_until(lambda: len(rig.workers.calls_to("a")) == 3)
+            tg.start_soon(rig.serve_into, results, other)
+        assert results[probe.request_id].worker_id == "a"  # the probe
+        assert results[other.request_id].worker_id == "b"  # not a second probe
+        stats = await eventually_idle(rig)
+        assert stats["counters"]["breaker_to_half_open"] == 1
+        assert stats["counters"]["breaker_to_closed"] == 1
+        assert (await rig.serve(rig.ticket())).worker_id == "a"  # closed again
+
+
+# -- 8. EDF order, shedding, admission refusals ------------------------------------
+
+
+def one_slot(policy: Policy, hold: anyio.Event) -> tuple[Policy, dict[str, Behaviour],
+                                                          list[WorkerRecord]]:
+    return policy, {"a": Behaviour(hold=hold)}, [record("a", model=MODEL, slots=1)]
+
+
+async def test_queued_tickets_get_the_free_slot_earliest_deadline_first() -> None:
+    hold = anyio.Event()
+    async with running(*one_slot(make_policy(), hold)) as rig:
+        results: dict[str, Served] = {}
+        async with anyio.create_task_group() as tg:
+            busy, batch, interactive = rig.ticket(), rig.ticket("batch"), rig.ticket()
+            tg.start_soon(rig.serve_into, results, busy)
+            await wait_until(lambda: len(rig.workers.calls) == 1)
+            rig.workers.behaviours["a"] = Behaviour()
+            tg.start_soon(rig.serve_into, results, batch)  # arrives first...
+            await queued_becomes(rig, 1)
+            tg.start_soon(rig.serve_into, results, interactive)  # ...but is due sooner
+            await queued_becomes(rig, 2)
+            hold.set()
+        order = [c.request_id for c in rig.workers.calls]
+        assert order == [busy.request_id, interactive.request_id, batch.request_id]
+        for served in results.values():
+            assert_served_fully(served)
+        await eventually_idle(rig)
+
+
+async def test_ticket_still_queued_at_its_deadline_is_shed_not_run() -> None:
+    # Admission's own deadline check is off, so the queue has to shed it.
+    policy = make_policy(scheduling={"slo_admission": False},
+                         tenants=tenant_limits(max_concurrency=2))
+    hold = anyio.Event()
+    async with running(*one_slot(policy, hold)) as rig:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.serve, rig.ticket())
+            await wait_until(lambda: len(rig.workers.calls) == 1)
+            late = rig.ticket(deadline_s=0.15)
+            shed_task = anyio.Event()
+            results: dict[str, Served] = {}
+
+            async def serve_late() -> None:
+                await rig.serve_into(results, late)
+                shed_task.set()
+
+            tg.start_soon(serve_late)
+            await queued_becomes(rig, 1)
+            refused = await rig.scheduler.ask(Submit(rig.ticket()))
+            assert refused is not None and (refused.status, refused.reason) == (429, "concurrency")
+            with anyio.fail_after(1):
+                await shed_task.wait()
+            served = results[late.request_id]
+            assert isinstance(served.error, NoHealthyWorker)
+            assert served.error.code == "deadline_exceeded" and served.error.status == 503
+            assert 0.12 <= served.elapsed <= 0.4
+            assert rig.workers.calls_for(late.request_id) == []
+            # Its hold on the tenant's concurrency went with it.
+            after = rig.ticket()
+            assert await rig.scheduler.ask(Submit(after)) is None
+            await rig.scheduler.tell(Withdraw(after))
+            hold.set()
+        stats = await eventually_idle(rig)
+        assert stats["counters"]["shed_deadline"] == 1
+        assert stats["queued"][MODEL] == 0
+
+
+async def test_admission_refusals_are_immediate_and_never_reach_a_worker() -> None:
+    policy = make_policy(scheduling={"max_queue": 1})
+    hold = anyio.Event()
+    async with running(*one_slot(policy, hold)) as rig:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.serve, rig.ticket())
+            await wait_until(lambda: len(rig.workers.calls) == 1)
+            # The slot is busy and nothing has been measured: the predicted wait is 1 s.
+            too_soon = await rig.serve(rig.ticket(deadline_s=0.5))
+            queued = rig.ticket()
+            tg.start_soon(rig.serve, queued)
+            await queued_becomes(rig, 1)
+            queue_full = await rig.serve(rig.ticket())
+            hold.set()
+        refusals = {"deadline": too_soon, "queue_full": queue_full}
+        for reason, served in refusals.items():
+            assert served.refused is not None
+            assert (served.refused.status, served.refused.reason) == (503, reason)
+            error = served.refused.to_error()
+            assert error.status == 503 and error.headers()[0][0] == b"retry-after"
+            assert served.elapsed < 0.05
+        assert len(rig.workers.calls) == 2  # the busy one and the queued one
+        assert rig.workers.calls[1].request_id == queued.request_id
+        await eventually_idle(rig)
+
+
+async def test_tenant_over_its_concurrency_gets_429_without_a_worker_request() -> None:
+    policy = make_policy(tenants=tenant_limits(max_concurrency=1))
+    hold = anyio.Event()
+    async with running(policy, {"a": Behaviour(hold=hold)}) as rig:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.serve, rig.ticket())
+            await wait_until(lambda: len(rig.workers.calls) == 1)
+            served = await rig.serve(rig.ticket())
+            hold.set()
+        assert served.refused is not None
+        assert (served.refused.status, served.refused.reason) == (429, "concurrency")
+        assert served.refused.to_error().status == 429
+        assert len(rig.workers.calls) == 1
+        await eventually_idle(rig)
+
+
+async def test_no_worker_for_the_model_is_refused_with_503() -> None:
+    async with running(make_policy(), {"a": Behaviour()},
+                       records=[record("a", model="another-model")]) as rig:
+        served = await rig.serve(rig.ticket())
+        assert served.refused is not None
+        assert (served.refused.status, served.refused.reason) == (503, "no_healthy_worker")
+        assert rig.workers.calls == []
+
+
+# -- 9. the client goes away before its first attempt -------------------------------
+
+
+async def test_client_gone_while_queued_withdraws_the_ticket() -> None:
+    policy = make_policy(tenants=tenant_limits(max_concurrency=2))
+    hold = anyio.Event()
+    async with running(*one_slot(policy, hold)) as rig:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.serve, rig.ticket())
+            await wait_until(lambda: len(rig.workers.calls) == 1)
+            gone = rig.ticket()
+            assert await rig.scheduler.ask(Submit(gone)) is None
+            with anyio.move_on_after(0.1):  # the client leaves while queued
+                await rig.dispatcher.first_token(gone, rig.call(gone))
+            stats = await rig.stats()
+            assert stats["queued"][MODEL] == 0
+            # No TicketDone was sent, yet the tenant's slot is free again.
+            nxt = rig.ticket()
+            assert await rig.scheduler.ask(Submit(nxt)) is None
+            await rig.scheduler.tell(Withdraw(nxt))
+            hold.set()
+        await eventually_idle(rig)
+        assert rig.workers.calls_for(gone.request_id) == []
+        assert len(rig.workers.calls) == 1
+
+
+async def test_client_gone_just_as_its_worker_was_assigned_frees_the_slot() -> None:
+    async with running(make_policy(), {"a": Behaviour()},
+                       records=[record("a", model=MODEL, slots=1)]) as rig:
+        gone = rig.ticket()
+        assert await rig.scheduler.ask(Submit(gone)) is None  # assigned at once
+        assert (await rig.stats())["inflight"] == {"a": 1}
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # the client has already left when the dispatcher looks
+            await rig.dispatcher.first_token(gone, rig.call(gone))
+        await rig.scheduler.tell(TicketDone(gone, 0))
+        await eventually_idle(rig)
+        assert rig.workers.calls == []
+        served = await rig.serve(rig.ticket())  # the only slot is usable again
+        assert_served_fully(served)
+        assert served.elapsed < 0.5
+
+
+async def test_attempt_done_for_every_attempt_keeps_slots_balanced() -> None:
+    # A mixed run: hedges, retries, pass-throughs; afterwards nothing is held.
+    policy = make_policy(hedging={"floor_ms": 40, "ceiling_ms": 40})
+    behaviours = {"a": Behaviour(first_token_after_s=0.1), "b": Behaviour(status=500),
+                  "c": Behaviour(token_gap_s=0.01)}
+    async with running(policy, behaviours) as rig:
+        results: dict[str, Served] = {}
+        async with anyio.create_task_group() as tg:
+            for _ in range(12):
+                tg.start_soon(rig.serve_into, results, rig.ticket())
+                await anyio.sleep(0.01)
+        assert len(results) == 12
+        for served in results.values():
+            assert_served_fully(served)
+        stats = await eventually_idle(rig)
+        assert stats["queued"][MODEL] == 0
+        assert stats["counters"]["hedges_started"] >= 1 and stats["counters"]["retries"] >= 1
+        assert all(c.completed != c.hung_up for c in rig.workers.calls
+                   if c.worker_id != "b")
