@@ -25,7 +25,8 @@ from gateway.attempt import UpstreamCall, WorkerRejected
 from gateway.dispatch import Dispatcher
 from gateway.page import CHAT_PAGE
 from gateway.relay import RelayOutcome, collect, completion_body, stream_to_client
-from gateway.scheduler import Outcome, Submit, Ticket, TicketDone
+from gateway.metrics import render as render_metrics
+from gateway.scheduler import Outcome, Stats, Submit, Ticket, TicketDone
 from hedgerow import openai_api as oa
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import (
@@ -69,6 +70,7 @@ class GatewayApp:
         self.router.add("GET", "/", self.page)
         self.router.add("GET", "/healthz", self.healthz)
         self.router.add("GET", "/readyz", self.readyz)
+        self.router.add("GET", "/metrics", self.metrics)
         self.router.add("GET", "/v1/models", self.models)
         self.router.add("POST", "/v1/chat/completions", self.chat)
         self.router.add("POST", "/v1/completions", self.completions)
@@ -99,6 +101,11 @@ class GatewayApp:
         live = [w for w in self.directory.value.workers if not w.load.draining]
         body = {"ready": bool(live), "workers": len(live), "models": list(self._models())}
         await send_json(request.send, 200 if live else 503, body)
+
+    async def metrics(self, request: Request) -> None:
+        stats = await self.scheduler.ask(Stats())
+        await send_text(request.send, 200, render_metrics(stats),
+                        b"text/plain; version=0.0.4; charset=utf-8")
 
     async def models(self, request: Request) -> None:
         data = [

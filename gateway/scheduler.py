@@ -445,7 +445,9 @@ class SchedulerActor(Actor):
         self.counters[name] = self.counters.get(name, 0) + 1
 
     def _stats(self) -> dict[str, Any]:
+        now = self.clock()
         return {
+            "breakers": {wid: b.state(now).name.lower() for wid, b in self.breakers.items()},
             "queued": {model: len(queue) for model, queue in self.queues.items()},
             "inflight": dict(self.inflight),
             "counters": dict(self.counters),

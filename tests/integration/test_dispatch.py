@@ -28,7 +28,7 @@ import yaml
 
 from gateway.attempt import UpstreamCall, WorkerRejected
 from gateway.dispatch import Dispatcher
-from gateway.relay import RelayOutcome, stream_to_client
+from gateway.relay import RelayOutcome, collect, stream_to_client
 from gateway.scheduler import (
     SchedulerActor,
     Stats,
@@ -40,7 +40,7 @@ from gateway.scheduler import (
 from gateway.upstream import WorkerClient
 from hedgerow.actors import ActorRef, Supervisor
 from hedgerow.asgi import Message, Request
-from hedgerow.errors import HedgerowError, NoHealthyWorker
+from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerRecord
 from policies.admission import Refused
@@ -337,13 +337,18 @@ async def test_client_leaving_during_a_hedged_race_cuts_off_both_workers() -> No
         await eventually_idle(rig)
 
 
+@pytest.mark.parametrize("hedged", [False, True])
 @pytest.mark.parametrize("turns_later", range(8))
-async def test_client_leaving_as_the_first_token_arrives_leaks_nothing(turns_later: int) -> None:
+async def test_client_leaving_as_the_first_token_arrives_leaks_nothing(
+    turns_later: int, hedged: bool,
+) -> None:
     # The client leaves a few event-loop turns after the worker's first token:
-    # before, while or after the dispatcher picks the winner.
+    # before, while or after the dispatcher picks the winner (and, hedged, while
+    # it is still cutting off the loser, which never answers).
     release = anyio.Event()
-    policy = make_policy(hedging={"enabled": False})
-    async with running(policy, {"a": Behaviour(hold=release)}) as rig:
+    policy = make_policy(hedging={"enabled": hedged, "floor_ms": 30, "ceiling_ms": 30})
+    never = Behaviour(hold=anyio.Event())
+    async with running(policy, {"a": Behaviour(hold=release), "b": never}) as rig:
         ticket = rig.ticket()
         assert await rig.scheduler.ask(Submit(ticket)) is None
         got: list[Any] = []
@@ -355,7 +360,7 @@ async def test_client_leaving_as_the_first_token_arrives_leaks_nothing(turns_lat
                     got.append(await rig.dispatcher.first_token(ticket, rig.call(ticket)))
 
             tg.start_soon(wait_for_first_token)
-            await wait_until(lambda: len(rig.workers.calls) == 1)
+            await wait_until(lambda: len(rig.workers.calls) == (2 if hedged else 1))
             await anyio.sleep(0.01)
             release.set()
             for _ in range(turns_later):
@@ -365,8 +370,7 @@ async def test_client_leaving_as_the_first_token_arrives_leaks_nothing(turns_lat
             await attempt.aclose()
             await rig.dispatcher.report(attempt.worker_id, "abandoned")
         await eventually_idle(rig)
-        [call] = rig.workers.calls
-        assert call.hung_up and not call.completed
+        assert all(call.hung_up and not call.completed for call in rig.workers.calls)
 
 
 # -- 2, 3. the hedge budget and non-hedgeable requests ---------------------------
@@ -386,19 +390,21 @@ async def test_no_hedge_without_budget_the_primary_answers() -> None:
         assert stats["hedge_budget"]["spent"] == 0
 
 
-async def test_hedges_stay_within_ratio_of_requests() -> None:
-    ratio, requests = 0.25, 8
-    policy = make_policy(hedging={"floor_ms": 30, "ceiling_ms": 30, "budget_ratio": ratio,
+@pytest.mark.parametrize(("ratio", "requests"), [(0.25, 8), (0.1, 10)])
+async def test_hedges_stay_within_ratio_of_requests(ratio: float, requests: int) -> None:
+    policy = make_policy(hedging={"floor_ms": 20, "ceiling_ms": 20, "budget_ratio": ratio,
                                   "budget_burst": 1})
-    async with running(policy, {"a": Behaviour(first_token_after_s=0.08),
+    async with running(policy, {"a": Behaviour(first_token_after_s=0.06),
                                 "b": Behaviour()}) as rig:
         results = [await rig.serve(rig.ticket()) for _ in range(requests)]
         for served in results:
             assert_served_fully(served)
         hedges = len(rig.workers.calls_to("b"))
         assert hedges == sum(s.hedged for s in results)
-        # The budget starts empty and earns `ratio` per request: every 4th is hedged.
-        assert hedges == int(ratio * requests) == 2
+        # The budget starts empty and earns `ratio` per request (ten 0.1s make a
+        # whole hedge, float rounding notwithstanding): every 1/ratio-th is hedged.
+        assert hedges == round(ratio * requests)
+        assert results[-1].hedged
         stats = await eventually_idle(rig)
         assert stats["hedge_budget"]["spent"] == hedges
         assert stats["hedge_budget"]["requests"] == requests
@@ -496,6 +502,30 @@ async def test_failure_after_first_token_ends_the_stream_with_an_error_event(
         assert served.sink.response_closed()
         assert served.outcome is not None and served.outcome.failed
         assert rig.workers.calls_to("b") == []  # too late to retry: the client saw tokens
+        await eventually_idle(rig)
+
+
+@pytest.mark.parametrize(("garbage", "complete"), [(None, True), (b"data: not json\n\n", False)])
+async def test_non_streaming_client_gets_the_whole_answer_or_an_upstream_error(
+    garbage: bytes | None, complete: bool,
+) -> None:
+    worker = (Behaviour() if garbage is None
+              else Behaviour(garbage_after_tokens=1, garbage=garbage))
+    async with running(make_policy(), {"a": worker}) as rig:
+        ticket = rig.ticket()
+        assert await rig.scheduler.ask(Submit(ticket)) is None
+        attempt = await rig.dispatcher.first_token(ticket, rig.call(ticket))
+        try:
+            if complete:
+                outcome = await collect(attempt)
+                assert "".join(outcome.text) == TEXT and outcome.completion_tokens == 3
+            else:
+                with pytest.raises(UpstreamFailed) as failed:
+                    await collect(attempt)
+                assert failed.value.code == "upstream_malformed" and failed.value.status == 502
+        finally:
+            await attempt.aclose()
+            await rig.dispatcher.report(attempt.worker_id, "success" if complete else "failure")
         await eventually_idle(rig)
 
 

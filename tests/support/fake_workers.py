@@ -38,7 +38,8 @@ class Behaviour:
     status: int = 200  # 4xx: an OpenAI error body; 5xx: a server error
     break_after_tokens: int | None = None  # httpx.ReadError after this many content chunks
     end_after_tokens: int | None = None  # a clean end (no finish, no [DONE]) after this many
-    garbage_after_tokens: int | None = None  # bytes that are not UTF-8 after this many
+    garbage_after_tokens: int | None = None  # ``garbage`` after this many content chunks
+    garbage: bytes = b"data: \xff\xfe\n\n"  # default: an event that is not UTF-8
     hold: anyio.Event | None = None  # wait for this before the first content chunk
 
 
@@ -86,7 +87,7 @@ class TokenStream(httpx.AsyncByteStream):
             if index == b.end_after_tokens:
                 return
             if index == b.garbage_after_tokens:
-                yield b"data: \xff\xfe\n\n"
+                yield b.garbage
             yield sse_event(oa.chat_chunk(rid, self.model, 0, {"content": token}))
         yield sse_event(oa.chat_chunk(rid, self.model, 0, {}, "stop"))
         used = oa.usage(7, len(b.tokens))
