@@ -48,6 +48,7 @@ from hedgerow.errors import (
     InvalidRequest,
     ModelNotFound,
     UnsupportedMediaType,
+    UpstreamFailed,
 )
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot
@@ -196,7 +197,11 @@ class GatewayApp:
             if parsed.stream:
                 outcome = await stream_to_client(request, attempt, headers, parsed.include_usage())
             else:
-                outcome = await collect(attempt)
+                try:
+                    outcome = await collect(attempt)
+                except UpstreamFailed:
+                    outcome = RelayOutcome(failed=True)  # feeds the breaker, then a 502
+                    raise
                 body = completion_body(ticket.request_id, ticket.model, outcome, chat)
                 await send_bytes(request.send, 200, body, headers)
             return outcome

@@ -18,7 +18,9 @@ import math
 from dataclasses import dataclass, field
 
 import anyio
-from anyio.abc import ObjectReceiveStream, ObjectSendStream, TaskGroup
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream as Receiver
+from anyio.streams.memory import MemoryObjectSendStream as Sender
 
 from gateway.attempt import Attempt, UpstreamCall, WorkerRejected, start_attempt
 from gateway.scheduler import (
@@ -88,8 +90,8 @@ class Dispatcher:
             return race.winner
         raise _final_error(race.errors)
 
-    async def _run(self, race: _Race, first: WorkerRecord, send: ObjectSendStream[AttemptResult],
-                   receive: ObjectReceiveStream[AttemptResult]) -> None:
+    async def _run(self, race: _Race, first: WorkerRecord, send: Sender[AttemptResult],
+                   receive: Receiver[AttemptResult]) -> None:
         async with anyio.create_task_group() as tg:
             self._launch(tg, race, first, send, hedged=False)
             hedge_at = await self._hedge_at(race.ticket, first)
@@ -110,12 +112,12 @@ class Dispatcher:
             tg.cancel_scope.cancel()
 
     def _launch(self, tg: TaskGroup, race: _Race, worker: WorkerRecord,
-                send: ObjectSendStream[AttemptResult], *, hedged: bool) -> None:
+                send: Sender[AttemptResult], *, hedged: bool) -> None:
         race.running += 1
         tg.start_soon(self._attempt, race, worker, send.clone(), hedged)
 
     async def _attempt(self, race: _Race, worker: WorkerRecord,
-                       send: ObjectSendStream[AttemptResult], hedged: bool) -> None:
+                       send: Sender[AttemptResult], hedged: bool) -> None:
         worker_id = worker.registration.worker_id
         ttft_timeout = self.policy.timeouts.ttft_ms / 1000
         async with send:
@@ -150,7 +152,7 @@ class Dispatcher:
         delay = await self.scheduler.ask(HedgeDelay(ticket.model, worker.registration.kind))
         return math.inf if delay is None else anyio.current_time() + delay
 
-    async def _next_result(self, race: _Race, receive: ObjectReceiveStream[AttemptResult],
+    async def _next_result(self, race: _Race, receive: Receiver[AttemptResult],
                            hedge_at: float) -> AttemptResult | None:
         wait = math.inf if race.hedged else max(0.0, hedge_at - anyio.current_time())
         with anyio.move_on_after(wait):
@@ -158,7 +160,7 @@ class Dispatcher:
         return None
 
     async def _hedge(self, tg: TaskGroup, race: _Race,
-                     send: ObjectSendStream[AttemptResult]) -> None:
+                     send: Sender[AttemptResult]) -> None:
         race.hedged = True
         worker = await self.scheduler.ask(Reroute(race.ticket, tuple(race.tried), hedge=True))
         if worker is not None:
@@ -168,7 +170,7 @@ class Dispatcher:
             self._launch(tg, race, worker, send, hedged=True)
 
     async def _retry(self, tg: TaskGroup, race: _Race,
-                     send: ObjectSendStream[AttemptResult]) -> None:
+                     send: Sender[AttemptResult]) -> None:
         if race.retries >= self.policy.retries.before_first_token:
             return
         worker = await self.scheduler.ask(Reroute(race.ticket, tuple(race.tried), hedge=False))
@@ -187,7 +189,7 @@ class Dispatcher:
                 await self.report(result.worker_id, "abandoned")
 
 
-def receive_leftovers(receive: ObjectReceiveStream[AttemptResult]) -> list[AttemptResult]:
+def receive_leftovers(receive: Receiver[AttemptResult]) -> list[AttemptResult]:
     leftovers: list[AttemptResult] = []
     while True:
         try:

@@ -197,7 +197,7 @@ class SchedulerActor(Actor):
         self.sketches: dict[tuple[str, str], QuantileSketch] = {}
         self.predictors: dict[str, WaitPredictor] = {}
         h = policy.hedging
-        self.hedge_budget = HedgeBudget(ratio=h.budget_ratio, burst=max(1.0, h.budget_burst))
+        self.hedge_budget = HedgeBudget(ratio=h.budget_ratio, burst=h.budget_burst)
         self.counters: dict[str, int] = {}
         self.transitions: list[BreakerTransition] = []
 

@@ -82,7 +82,7 @@ class Hedging(_Strict):
     floor_ms: int = Field(50, ge=0)
     ceiling_ms: int = Field(5000, ge=1)
     budget_ratio: float = Field(0.05, ge=0, le=1)
-    budget_burst: float = Field(5.0, ge=0)
+    budget_burst: float = Field(5.0, ge=1)  # whole hedges; turn hedging off with enabled
     min_samples: int = Field(20, ge=1)
 
     @model_validator(mode="after")

@@ -26,10 +26,11 @@ import orjson
 import pytest
 import yaml
 
-from gateway.attempt import UpstreamCall, WorkerRejected
+from gateway.attempt import Attempt, UpstreamCall, WorkerRejected
 from gateway.dispatch import Dispatcher
 from gateway.relay import RelayOutcome, collect, stream_to_client
 from gateway.scheduler import (
+    Outcome,
     SchedulerActor,
     Stats,
     Submit,
@@ -170,9 +171,6 @@ class Rig:
         result: dict[str, Any] = await self.scheduler.ask(Stats())
         return result
 
-    async def counter(self, name: str) -> int:
-        return int((await self.stats())["counters"].get(name, 0))
-
     async def serve(self, ticket: Ticket) -> Served:
         """What ``GatewayApp`` does for one streaming request."""
         served = Served(ticket, anyio.current_time())
@@ -195,7 +193,7 @@ class Rig:
     async def serve_into(self, results: dict[str, Served], ticket: Ticket) -> None:
         results[ticket.request_id] = await self.serve(ticket)
 
-    async def _relay(self, attempt: Any, sink: ClientSink) -> RelayOutcome:
+    async def _relay(self, attempt: Attempt, sink: ClientSink) -> RelayOutcome:
         outcome: RelayOutcome | None = None
         try:
             outcome = await stream_to_client(sink.request(), attempt, [], include_usage=True)
@@ -203,7 +201,7 @@ class Rig:
         finally:
             with anyio.CancelScope(shield=True):
                 await attempt.aclose()
-                result = "abandoned" if outcome is None else (
+                result: Outcome = "abandoned" if outcome is None else (
                     "failure" if outcome.failed else "success")
                 await self.dispatcher.report(attempt.worker_id, result)
 
@@ -351,7 +349,7 @@ async def test_client_leaving_as_the_first_token_arrives_leaks_nothing(
     async with running(policy, {"a": Behaviour(hold=release), "b": never}) as rig:
         ticket = rig.ticket()
         assert await rig.scheduler.ask(Submit(ticket)) is None
-        got: list[Any] = []
+        got: list[Attempt] = []
         async with anyio.create_task_group() as tg:
             client = anyio.CancelScope()
 
@@ -447,6 +445,7 @@ async def test_failure_before_first_token_is_retried_invisibly(failure: str) -> 
         assert stats["counters"]["retries"] == 1
         # failures_to_open is 1: the one failure the worker caused opened its breaker.
         assert stats["counters"]["breaker_to_open"] == 1
+        assert stats["breakers"] == {"a": "open", "b": "closed"}
 
 
 @pytest.mark.parametrize("hedge_refused", [False, True])
@@ -478,6 +477,7 @@ async def test_worker_400_is_passed_through_not_retried() -> None:
         stats = await eventually_idle(rig)
         assert "retries" not in stats["counters"]
         assert "breaker_to_open" not in stats["counters"]  # the client's fault, not the worker's
+        assert stats["breakers"]["a"] == "closed"
 
 
 # -- 6. failure after the first token ---------------------------------------------
@@ -541,7 +541,7 @@ async def test_breaker_opens_moves_traffic_then_one_probe_closes_it() -> None:
             assert_served_fully(served)
             assert served.worker_id == "b"
         assert len(rig.workers.calls_to("a")) == 2
-        assert await rig.counter("breaker_to_open") == 1
+        assert (await rig.stats())["breakers"]["a"] == "open"
         served = await rig.serve(rig.ticket())  # open: a is not even tried
         assert served.worker_id == "b"
         assert len(rig.workers.calls_to("a")) == 2
@@ -557,6 +557,8 @@ async def test_breaker_opens_moves_traffic_then_one_probe_closes_it() -> None:
         assert results[probe.request_id].worker_id == "a"  # the probe
         assert results[other.request_id].worker_id == "b"  # not a second probe
         stats = await eventually_idle(rig)
+        assert stats["breakers"]["a"] == "closed"
+        assert stats["counters"]["breaker_to_open"] == 1
         assert stats["counters"]["breaker_to_half_open"] == 1
         assert stats["counters"]["breaker_to_closed"] == 1
         assert (await rig.serve(rig.ticket())).worker_id == "a"  # closed again
