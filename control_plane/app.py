@@ -21,13 +21,11 @@ from hedgerow.asgi import (
     Router,
     Scope,
     Send,
-    handle_lifespan,
-    send_error,
     send_json,
     sse_event,
     stream_until_disconnect,
 )
-from hedgerow.errors import HedgerowError, InvalidRequest
+from hedgerow.errors import InvalidRequest
 from hedgerow.latest import LatestValue
 from hedgerow.wire import Heartbeat, RegisterReply, RegistrySnapshot, WorkerRegistration
 
@@ -55,15 +53,7 @@ class ControlPlaneApp:
         self.router.add("GET", "/v1/watch", self.watch)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await handle_lifespan(receive, send)
-            return
-        request = Request(scope, receive, send)
-        try:
-            handler, request.path_params = self.router.resolve(request.method, request.path)
-            await handler(request)
-        except HedgerowError as error:
-            await send_error(send, error)
+        await self.router.serve(scope, receive, send)
 
     async def healthz(self, request: Request) -> None:
         await send_json(request.send, 200, {"status": "ok"})

@@ -107,6 +107,23 @@ class Router:
         regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path)
         self._routes.append(Route(method, re.compile(f"^{regex}$"), handler))
 
+    async def serve(
+        self, scope: Scope, receive: Receive, send: Send,
+        error_headers: Callable[[Request], Headers] | None = None,
+    ) -> None:
+        """The whole ASGI app: lifespan, routing, and every ``HedgerowError``
+        rendered as its OpenAI envelope (with ``error_headers`` added)."""
+        if scope["type"] == "lifespan":
+            await handle_lifespan(receive, send)
+            return
+        request = Request(scope, receive, send)
+        extra = error_headers(request) if error_headers else []
+        try:
+            handler, request.path_params = self.resolve(request.method, request.path)
+            await handler(request)
+        except HedgerowError as error:
+            await send_error(send, error, extra)
+
     def resolve(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
         allowed: list[str] = []
         for route in self._routes:

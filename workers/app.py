@@ -34,8 +34,6 @@ from hedgerow.asgi import (
     Router,
     Scope,
     Send,
-    handle_lifespan,
-    send_error,
     send_json,
     sse_event,
     stream_until_disconnect,
@@ -79,15 +77,7 @@ class WorkerApp:
         self.router.add("POST", "/v1/completions", self.completions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await handle_lifespan(receive, send)
-            return
-        request = Request(scope, receive, send)
-        try:
-            handler, request.path_params = self.router.resolve(request.method, request.path)
-            await handler(request)
-        except HedgerowError as error:
-            await send_error(send, error)
+        await self.router.serve(scope, receive, send)
 
     async def healthz(self, request: Request) -> None:
         await send_json(request.send, 200, {"status": "ok"})
