@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,9 +151,33 @@ Press Ctrl-C to stop.
 """
 
 
+def busy_ports(stack: Stack) -> list[str]:
+    """Ports the stack needs that something else already holds."""
+    wanted = [(stack.gateway_port, socket.SOCK_STREAM, "gateway TCP"),
+              (stack.gateway_port, socket.SOCK_DGRAM, "gateway UDP (HTTP/3)"),
+              (stack.control_plane_port, socket.SOCK_STREAM, "control plane")]
+    busy: list[str] = []
+    for port, kind, what in wanted:
+        family = socket.AF_INET6 if ":" in stack.host else socket.AF_INET
+        with socket.socket(family, kind) as probe:
+            if kind == socket.SOCK_STREAM:  # as the servers do: TIME_WAIT is no conflict
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((stack.host, port))
+            except OSError as error:
+                busy.append(f"{what} port {port} on {stack.host}: {error.strerror}")
+    return busy
+
+
 def run_stack(stack: Stack) -> int:
     from gateway.devcert import ensure_dev_certificate
 
+    busy = busy_ports(stack)
+    if busy:
+        print("hedgerow up: cannot start, " + "; ".join(busy) +
+              ".\nStop what holds it, or choose others with --port / --control-plane-port.",
+              file=sys.stderr)
+        return 2
     ca_cert = ensure_dev_certificate(stack.state_dir).ca_cert.resolve()
 
     async def main() -> None:
