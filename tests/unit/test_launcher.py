@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+from hedgerow.launcher import Stack, banner, busy_ports
+
+
+def stack_on(port: int, cp_port: int) -> Stack:
+    return Stack(python=sys.executable, host="127.0.0.1", gateway_port=port,
+                 control_plane_port=cp_port, state_dir=Path("state"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_busy_ports_names_what_is_taken() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind(("127.0.0.1", 0))
+        taken = int(udp.getsockname()[1])
+        busy = busy_ports(stack_on(taken, free_port()))
+    assert len(busy) == 1 and "UDP" in busy[0] and str(taken) in busy[0]
+
+
+def test_free_ports_are_not_reported() -> None:
+    assert busy_ports(stack_on(free_port(), free_port())) == []
+
+
+def test_children_and_banner() -> None:
+    stack = stack_on(8443, 8500)
+    commands = stack.commands()
+    assert set(commands) == {"control-plane", "worker", "gateway"}
+    # A restarted worker must come back under the same id.
+    assert commands["worker"][commands["worker"].index("--worker-id") + 1] == "cpu-local-1"
+    text = banner(stack, Path("/x/ca.pem"))
+    assert "https://127.0.0.1:8443" in text and "--cacert /x/ca.pem" in text
