@@ -163,7 +163,8 @@ class GatewayApp:
             request_id=request.scope["hedgerow.request_id"], tenant=identity.tenant,
             model=model, arrival=now, due=now + due_ms / 1000, deadline=now + deadline_ms / 1000,
             estimated_tokens=prompt_tokens + (parsed.token_limit() or DEFAULT_OUTPUT_ESTIMATE),
-            route=route, hedgeable=klass.hedge)
+            # Only idempotent requests race on two workers.
+            route=route, hedgeable=klass.hedge and not parsed.store)
 
     async def _serve(self, request: Request, ticket: Ticket, call: UpstreamCall,
                      parsed: oa.ChatCompletionRequest | oa.CompletionRequest, chat: bool) -> None:

@@ -50,6 +50,8 @@ class _Sampling(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1)
+    # OpenAI's stored completions: a side effect, so such a request is never hedged.
+    store: bool = False
 
     @field_validator("stop")
     @classmethod
