@@ -103,10 +103,14 @@ class Stack:
         self.procs.append(proc)
         return proc
 
-    def start_control_plane(self, lease_s: float = 2.0) -> Proc:
+    def start_control_plane(
+        self, lease_s: float = 2.0, policy: Path | None = None, policy_dir: Path | None = None,
+    ) -> Proc:
         self.control_plane_port = free_port()
+        extra = [*(["--policy", str(policy)] if policy else []),
+                 *(["--policy-dir", str(policy_dir)] if policy_dir else [])]
         proc = self.spawn("control-plane", "control-plane", "--port",
-                          str(self.control_plane_port), "--lease-s", str(lease_s))
+                          str(self.control_plane_port), "--lease-s", str(lease_s), *extra)
         wait_for(lambda: httpx.get(self.control_plane_url + "/healthz").status_code == 200,
                  "control plane")
         return proc

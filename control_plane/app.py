@@ -12,6 +12,8 @@ import anyio
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from control_plane.metrics import ControlPlaneMetrics
+from control_plane.policy_api import PolicyApi
 from control_plane.registry_actor import Beat, Deregister, Register, Snapshot
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import (
@@ -21,12 +23,14 @@ from hedgerow.asgi import (
     Router,
     Scope,
     Send,
+    send_bytes,
     send_json,
     sse_event,
     stream_until_disconnect,
 )
 from hedgerow.errors import InvalidRequest
 from hedgerow.latest import LatestValue
+from hedgerow.metrics import CONTENT_TYPE
 from hedgerow.wire import Heartbeat, RegisterReply, RegistrySnapshot, WorkerRegistration
 
 MAX_BODY = 64 * 1024
@@ -42,21 +46,29 @@ class ControlPlaneApp:
     published: LatestValue[RegistrySnapshot]
     lease_s: float
     heartbeat_interval_s: float
+    metrics: ControlPlaneMetrics
+    policy_api: PolicyApi | None = None  # /v1/policy…: operator policy versions
 
     def __post_init__(self) -> None:
         self.router = Router()
         self.router.add("GET", "/healthz", self.healthz)
+        self.router.add("GET", "/metrics", self.prometheus)
         self.router.add("GET", "/v1/workers", self.list_workers)
         self.router.add("POST", "/v1/workers", self.register)
         self.router.add("POST", "/v1/workers/{worker_id}/heartbeat", self.heartbeat)
         self.router.add("DELETE", "/v1/workers/{worker_id}", self.deregister)
         self.router.add("GET", "/v1/watch", self.watch)
+        if self.policy_api is not None:
+            self.policy_api.add_routes(self.router)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.router.serve(scope, receive, send)
 
     async def healthz(self, request: Request) -> None:
         await send_json(request.send, 200, {"status": "ok"})
+
+    async def prometheus(self, request: Request) -> None:
+        await send_bytes(request.send, 200, self.metrics.render(), content_type=CONTENT_TYPE)
 
     async def list_workers(self, request: Request) -> None:
         snapshot = await self.registry.ask(Snapshot(), timeout=ASK_TIMEOUT_S)
@@ -90,7 +102,8 @@ class ControlPlaneApp:
         # A watcher that holds exactly the current version waits for the next;
         # anyone else (new, behind, or ahead of a restarted plane) gets it now.
         start = known if known == self.published.version else -1
-        await stream_until_disconnect(request, 200, list(SSE_HEADERS), self._snapshots(start))
+        with self.metrics.watchers.track_inprogress():
+            await stream_until_disconnect(request, 200, list(SSE_HEADERS), self._snapshots(start))
 
     async def _snapshots(self, version: int) -> AsyncIterator[bytes]:
         while True:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from control_plane.metrics import ControlPlaneMetrics
 from control_plane.registry import Registry
 from hedgerow.actors import Actor
 from hedgerow.latest import LatestValue
@@ -44,9 +45,11 @@ class Snapshot:
 class RegistryActor(Actor):
     tick_interval = 0.2
 
-    def __init__(self, registry: Registry, published: LatestValue[RegistrySnapshot]) -> None:
+    def __init__(self, registry: Registry, published: LatestValue[RegistrySnapshot],
+                 metrics: ControlPlaneMetrics) -> None:
         self.registry = registry
         self.published = published
+        self.metrics = metrics
 
     async def on_start(self) -> None:
         self._publish()
@@ -56,11 +59,13 @@ class RegistryActor(Actor):
         match message:
             case Register(registration):
                 self.registry.register(registration, now)
+                self.metrics.registrations.inc()
                 log.info("worker %s registered at %s", registration.worker_id, registration.url)
             case Beat(worker_id, load):
                 self.registry.heartbeat(worker_id, load, now)
             case Deregister(worker_id):
                 self.registry.deregister(worker_id)
+                self.metrics.deregistrations.inc()
                 log.info("worker %s deregistered", worker_id)
             case Snapshot():
                 return self.registry.snapshot(now)
@@ -71,6 +76,8 @@ class RegistryActor(Actor):
 
     async def on_tick(self) -> None:
         dead = self.registry.expire(time.monotonic())
+        if dead:
+            self.metrics.expiries.inc(len(dead))
         for worker_id in dead:
             log.warning("worker %s missed its heartbeats; lease expired", worker_id)
         self._publish()

@@ -15,7 +15,7 @@ import hashlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -23,9 +23,9 @@ import orjson
 
 from gateway.attempt import UpstreamCall, WorkerRejected
 from gateway.dispatch import Dispatcher
+from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics, status_of
 from gateway.page import CHAT_PAGE
 from gateway.relay import RelayOutcome, collect, completion_body, stream_to_client
-from gateway.metrics import render as render_metrics
 from gateway.scheduler import Outcome, Stats, Submit, Ticket, TicketDone
 from hedgerow import openai_api as oa
 from hedgerow.actors import ActorRef
@@ -51,6 +51,8 @@ from hedgerow.errors import (
     UpstreamFailed,
 )
 from hedgerow.latest import LatestValue
+from hedgerow.logs import request_id_var
+from hedgerow.metrics import CONTENT_TYPE
 from hedgerow.wire import RegistrySnapshot
 from policies.schema import Policy
 from policies.scoring import RouteRequest
@@ -65,13 +67,14 @@ class GatewayApp:
     directory: LatestValue[RegistrySnapshot]
     scheduler: ActorRef
     dispatcher: Dispatcher
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
 
     def __post_init__(self) -> None:
         self.router = Router()
         self.router.add("GET", "/", self.page)
         self.router.add("GET", "/healthz", self.healthz)
         self.router.add("GET", "/readyz", self.readyz)
-        self.router.add("GET", "/metrics", self.metrics)
+        self.router.add("GET", "/metrics", self.prometheus)
         self.router.add("GET", "/v1/models", self.models)
         self.router.add("POST", "/v1/chat/completions", self.chat)
         self.router.add("POST", "/v1/completions", self.completions)
@@ -83,12 +86,15 @@ class GatewayApp:
         request = Request(scope, receive, send)
         request_id = uuid.uuid4().hex
         request_headers = [(b"x-request-id", request_id.encode())]
+        logged_as = request_id_var.set(request_id)
         try:
             handler, request.path_params = self.router.resolve(request.method, request.path)
             request.scope["hedgerow.request_id"] = request_id
             await handler(request)
         except HedgerowError as error:
             await send_error(send, error, request_headers)
+        finally:
+            request_id_var.reset(logged_as)
 
     # -- plain routes ---------------------------------------------------
 
@@ -103,10 +109,10 @@ class GatewayApp:
         body = {"ready": bool(live), "workers": len(live), "models": list(self._models())}
         await send_json(request.send, 200 if live else 503, body)
 
-    async def metrics(self, request: Request) -> None:
+    async def prometheus(self, request: Request) -> None:
         stats = await self.scheduler.ask(Stats())
-        await send_text(request.send, 200, render_metrics(stats),
-                        b"text/plain; version=0.0.4; charset=utf-8")
+        body = self.metrics.render(stats, self.directory.value)
+        await send_bytes(request.send, 200, body, content_type=CONTENT_TYPE)
 
     async def models(self, request: Request) -> None:
         data = [
@@ -130,18 +136,35 @@ class GatewayApp:
     async def _complete(
         self, request: Request, shape: type[oa.ChatCompletionRequest] | type[oa.CompletionRequest]
     ) -> None:
+        observed = self.metrics.request(time.monotonic())
+        try:
+            if not await self._complete_observed(request, shape, observed):
+                observed.responded(CLIENT_CLOSED)
+        except BaseException as error:
+            observed.responded(status_of(error))
+            raise
+        finally:
+            observed.finished(time.monotonic())
+
+    async def _complete_observed(
+        self, request: Request, shape: type[oa.ChatCompletionRequest] | type[oa.CompletionRequest],
+        observed: RequestMetrics,
+    ) -> bool:
+        """Serve one completion; False when the client left before it was done."""
         identity = identify(self.policy, request.header("authorization"))
+        observed.klass = identity.priority_class
         _require_json(request)
         body = await request.body(self.policy.limits.max_body_bytes)
         parsed = oa.parse_request(body, shape)
         self._check_limits(parsed)
         model = self.policy.canonical_model(parsed.model)
         self._ensure_model_known(model)
+        observed.labelled(model, identity.priority_class)
         ticket = self._ticket(request, identity, parsed, model)
         call = UpstreamCall(ticket.request_id, request.path, _upstream_body(body, model), model)
         chat = isinstance(parsed, oa.ChatCompletionRequest)
-        await cancel_on_disconnect(
-            request, lambda: self._serve(request, ticket, call, parsed, chat))
+        return await cancel_on_disconnect(
+            request, lambda: self._serve(request, ticket, call, parsed, chat, observed))
 
     def _ticket(self, request: Request, identity: Identity,
                 parsed: oa.ChatCompletionRequest | oa.CompletionRequest, model: str) -> Ticket:
@@ -167,13 +190,15 @@ class GatewayApp:
             route=route, hedgeable=klass.hedge and not parsed.store)
 
     async def _serve(self, request: Request, ticket: Ticket, call: UpstreamCall,
-                     parsed: oa.ChatCompletionRequest | oa.CompletionRequest, chat: bool) -> None:
+                     parsed: oa.ChatCompletionRequest | oa.CompletionRequest, chat: bool,
+                     observed: RequestMetrics) -> None:
         refusal = await self.scheduler.ask(Submit(ticket))
         if refusal is not None:
             raise refusal.to_error()
+        self.metrics.cache_lookup("miss")  # no cache yet
         relayed = RelayOutcome()
         try:
-            relayed = await self._serve_admitted(request, ticket, call, parsed, chat)
+            relayed = await self._serve_admitted(request, ticket, call, parsed, chat, observed)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.scheduler.tell(TicketDone(ticket, relayed.total_tokens))
@@ -181,12 +206,18 @@ class GatewayApp:
     async def _serve_admitted(
         self, request: Request, ticket: Ticket, call: UpstreamCall,
         parsed: oa.ChatCompletionRequest | oa.CompletionRequest, chat: bool,
+        observed: RequestMetrics,
     ) -> RelayOutcome:
         try:
             attempt = await self.dispatcher.first_token(ticket, call)
         except WorkerRejected as rejected:
+            observed.responded(rejected.status)
             await _send_rejection(request, rejected, ticket.request_id)
             return RelayOutcome()
+        finally:
+            observed.dispatched(ticket.arrival, ticket.assigned_at, ticket.upstream_at)
+        if attempt.hedged:
+            self.metrics.hedge_won()
         outcome: RelayOutcome | None = None
         try:
             headers: Headers = [
@@ -196,7 +227,9 @@ class GatewayApp:
                 (b"x-hedgerow-hedged", b"1" if attempt.hedged else b"0"),
             ]
             if parsed.stream:
-                outcome = await stream_to_client(request, attempt, headers, parsed.include_usage())
+                observed.responded(200)
+                outcome = await stream_to_client(request, attempt, headers,
+                                                 parsed.include_usage(), observed)
             else:
                 try:
                     outcome = await collect(attempt)
@@ -204,6 +237,7 @@ class GatewayApp:
                     outcome = RelayOutcome(failed=True)  # feeds the breaker, then a 502
                     raise
                 body = completion_body(ticket.request_id, ticket.model, outcome, chat)
+                observed.responded(200)
                 await send_bytes(request.send, 200, body, headers)
             return outcome
         finally:

@@ -58,6 +58,7 @@ class Attempt:
     events: AsyncIterator[SseEvent]
     first: list[SseEvent] = field(default_factory=list)
     ttft_s: float = 0.0
+    first_token_at: float = 0.0  # monotonic: when the first token arrived from the worker
 
     @property
     def worker_id(self) -> str:
@@ -130,7 +131,8 @@ async def _open_until_first_token(
         async for event in attempt.events:
             attempt.first.append(event)
             if carries_output(event):
-                attempt.ttft_s = time.monotonic() - started
+                attempt.first_token_at = time.monotonic()
+                attempt.ttft_s = attempt.first_token_at - started
                 return attempt
         raise UpstreamFailed(f"worker {worker_id} ended its stream before any token",
                              code="upstream_truncated")

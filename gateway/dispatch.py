@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 
 import anyio
@@ -120,6 +121,8 @@ class Dispatcher:
                        send: Sender[AttemptResult], hedged: bool) -> None:
         worker_id = worker.registration.worker_id
         ttft_timeout = self.policy.timeouts.ttft_ms / 1000
+        if race.ticket.upstream_at is None:
+            race.ticket.upstream_at = time.monotonic()
         async with send:
             try:
                 attempt = await start_attempt(self.workers, worker, race.call, hedged=hedged,

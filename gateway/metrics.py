@@ -1,61 +1,241 @@
-"""Rendering the gateway's scheduler statistics as Prometheus text (sans-IO).
+"""The gateway's Prometheus metrics: request latencies, outcomes, scheduler state.
 
-Labels are bounded: models, workers, reasons and states, never requests or
-keys. The observability issue adds latency histograms; this is the part the
-scheduler already knows.
+``GatewayMetrics`` owns the app's registry. Each completion request gets a
+``RequestMetrics`` that the request path feeds with monotonic timestamps as
+they happen (sans-IO: it only does arithmetic and ``observe``):
+
+- ``hedgerow_ttft_seconds{model,class}``: arrival at the gateway → first
+  generated text written to a streaming client (observed once per stream that
+  got that far, even if it failed later).
+- ``hedgerow_itl_seconds{model,class}``: between consecutive text chunks
+  written to a streaming client.
+- ``hedgerow_queue_wait_seconds{model,class}``: ticket submitted to the
+  scheduler → worker slot assigned (requests that got a slot).
+- ``hedgerow_request_duration_seconds{model,class}``: arrival → last byte,
+  for requests answered with 200.
+- ``hedgerow_gateway_overhead_seconds{phase}``: time the gateway itself adds.
+  ``request``: arrival → upstream request handed to the HTTP client, less the
+  queue wait; ``first_token``: first token received from the winning worker →
+  written to the client; ``chunk``: each later token chunk, taken from the
+  upstream SSE parser → written to the client (includes waiting on a slow
+  client's flow control).
+- ``hedgerow_requests_total{model,class,status}``: every completion request by
+  the HTTP status it was answered with (499: the client left before any
+  response); model and class are empty when the request was refused before
+  they were known (a bad key, an unknown model).
+- ``hedgerow_cache_requests_total{result}``: admitted requests by cache result.
+
+The scheduler's own counters and gauges are read from its ``Stats`` snapshot
+at scrape time: ``hedgerow_shed_total{reason}``, ``hedgerow_hedges_total{outcome}``
+(started, budget_exhausted, won), ``hedgerow_retries_total``,
+``hedgerow_breaker_transitions_total{to}``, ``hedgerow_breaker_state{worker}``,
+``hedgerow_queue_depth{model}``, ``hedgerow_slots_in_use{worker}`` (slots this
+gateway holds), ``hedgerow_slots{worker}`` (slots each registered worker
+offers) and ``hedgerow_hedge_budget``. (The ``hedgerow_worker_*`` series are
+the workers' own, on their ``/metrics``.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hedgerow.metrics import (
+    LATENCY_BUCKETS,
+    OVERHEAD_BUCKETS,
+    TOKEN_BUCKETS,
+    Histogram,
+    HistogramSeries,
+    render,
+)
+from hedgerow.wire import RegistrySnapshot
+
 BREAKER_STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
+CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"
+NO_STATS: dict[str, Any] = {"counters": {}, "breakers": {}, "queued": {}, "inflight": {},
+                            "hedge_budget": {"level": 0.0}}
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+@dataclass(frozen=True)
+class _ModelSeries:
+    ttft: HistogramSeries
+    itl: HistogramSeries
+    queue_wait: HistogramSeries
+    duration: HistogramSeries
 
 
-def _sample(name: str, labels: Mapping[str, str], value: float) -> str:
-    if not labels:
-        return f"{name} {value:g}"
-    inner = ",".join(f'{key}="{_escape(val)}"' for key, val in labels.items())
-    return f"{name}{{{inner}}} {value:g}"
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        by = ("model", "class")
+        self.ttft = Histogram("hedgerow_ttft_seconds", "Arrival to first token written to the "
+                              "client (streaming).", by, LATENCY_BUCKETS, r)
+        self.itl = Histogram("hedgerow_itl_seconds", "Gaps between token chunks written to "
+                             "the client (streaming).", by, TOKEN_BUCKETS, r)
+        self.queue_wait = Histogram("hedgerow_queue_wait_seconds", "Submitted to the scheduler "
+                                    "to a worker slot assigned.", by, LATENCY_BUCKETS, r)
+        self.duration = Histogram("hedgerow_request_duration_seconds", "Arrival to the last "
+                                  "byte, requests answered 200.", by, LATENCY_BUCKETS, r)
+        overhead = Histogram("hedgerow_gateway_overhead_seconds", "Time the gateway adds: before "
+                             "the upstream request (less queue wait), to relay the first token, "
+                             "to relay each later chunk.", ("phase",), OVERHEAD_BUCKETS, r)
+        self.overhead_request = overhead.labels("request")
+        self.overhead_first_token = overhead.labels("first_token")
+        self.overhead_chunk = overhead.labels("chunk")
+        self.requests = Counter("hedgerow_requests", "Completion requests by HTTP status.",
+                                ("model", "class", "status"), registry=r)
+        self.cache = Counter("hedgerow_cache_requests", "Admitted requests by cache result.",
+                             ("result",), registry=r)
+        self.scheduler = SchedulerCollector(r)
+
+    def request(self, arrived: float) -> RequestMetrics:
+        return RequestMetrics(self, arrived)
+
+    def model_series(self, model: str, klass: str) -> _ModelSeries:
+        return _ModelSeries(self.ttft.labels(model, klass), self.itl.labels(model, klass),
+                            self.queue_wait.labels(model, klass),
+                            self.duration.labels(model, klass))
+
+    def cache_lookup(self, result: str) -> None:
+        self.cache.labels(result).inc()
+
+    def hedge_won(self) -> None:
+        self.scheduler.hedges_won += 1
+
+    def render(self, stats: Mapping[str, Any], directory: RegistrySnapshot) -> bytes:
+        """The whole exposition, with the scheduler's ``stats`` snapshot of this scrape."""
+        self.scheduler.stats, self.scheduler.directory = stats, directory
+        return render(self.registry)
 
 
-def _family(name: str, kind: str, help_text: str, samples: Iterable[str]) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+class RequestMetrics:
+    """One completion request's timings and outcome (monotonic seconds)."""
+
+    def __init__(self, metrics: GatewayMetrics, arrived: float) -> None:
+        self._metrics = metrics
+        self.arrived = arrived
+        self.model = ""
+        self.klass = ""
+        self.status: int | None = None
+        self._series: _ModelSeries | None = None
+        self._last_token_at: float | None = None
+
+    def labelled(self, model: str, klass: str) -> None:
+        """The model (canonical, known) and class are settled: resolve the series once."""
+        self.model, self.klass = model, klass
+        self._series = self._metrics.model_series(model, klass)
+
+    def dispatched(self, submitted: float, assigned: float | None,
+                   upstream: float | None) -> None:
+        """The first-token phase ended; times from the ticket (None: never reached)."""
+        if self._series is None or assigned is None:
+            return
+        self._series.queue_wait.observe(assigned - submitted)
+        if upstream is not None:
+            before_queue = submitted - self.arrived
+            self._metrics.overhead_request.observe(before_queue + max(0.0, upstream - assigned))
+
+    def responded(self, status: int) -> None:
+        """The response started with ``status`` (the first call wins)."""
+        if self.status is None:
+            self.status = status
+
+    def relayed(self, received: float, written: float, token: bool) -> None:
+        """One SSE event got from upstream at ``received`` reached the client at ``written``."""
+        series = self._series
+        if not token or series is None:
+            return
+        if self._last_token_at is None:
+            series.ttft.observe(written - self.arrived)
+            self._metrics.overhead_first_token.observe(written - received)
+        else:
+            series.itl.observe(written - self._last_token_at)
+            self._metrics.overhead_chunk.observe(written - received)
+        self._last_token_at = written
+
+    def finished(self, now: float) -> None:
+        status = 500 if self.status is None else self.status
+        self._metrics.requests.labels(self.model, self.klass, str(status)).inc()
+        if status == 200 and self._series is not None:
+            self._series.duration.observe(now - self.arrived)
 
 
-def render(stats: Mapping[str, Any]) -> str:
+def status_of(error: BaseException) -> int:
+    """The status a request that ended with ``error`` was answered with."""
+    status = getattr(error, "status", None)
+    if isinstance(status, int):
+        return status
+    return 500 if isinstance(error, Exception) else CLIENT_CLOSED
+
+
+# -- the scheduler's snapshot -------------------------------------------------------
+
+
+class SchedulerCollector(Collector):
+    """Reads the scheduler ``Stats`` snapshot that ``GatewayMetrics.render`` hands it."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.stats: Mapping[str, Any] = NO_STATS
+        self.directory = RegistrySnapshot(version=0)
+        self.hedges_won = 0
+        registry.register(self)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(scheduler_families(NO_STATS, RegistrySnapshot(version=0), 0))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(scheduler_families(self.stats, self.directory, self.hedges_won))
+
+
+def _counter(name: str, help_text: str, label: str | None,
+             values: Mapping[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help_text, labels=[] if label is None else [label])
+    for key, value in sorted(values.items()):
+        family.add_metric([] if label is None else [key], value)
+    return family
+
+
+def _gauge(name: str, help_text: str, label: str | None,
+           values: Mapping[str, float]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help_text, labels=[] if label is None else [label])
+    for key, value in sorted(values.items()):
+        family.add_metric([] if label is None else [key], value)
+    return family
+
+
+def _with_prefix(counters: Mapping[str, int], prefix: str) -> dict[str, int]:
+    return {k.removeprefix(prefix): v for k, v in counters.items() if k.startswith(prefix)}
+
+
+def scheduler_families(stats: Mapping[str, Any], directory: RegistrySnapshot,
+                       hedges_won: int) -> list[Metric]:
+    """The scheduler's counters and gauges as metric families (sans-IO)."""
     counters: Mapping[str, int] = stats["counters"]
-    shed = {k.removeprefix("shed_"): v for k, v in counters.items() if k.startswith("shed_")}
-    breaker_to = {k.removeprefix("breaker_to_"): v for k, v in counters.items()
-                  if k.startswith("breaker_to_")}
-    lines: list[str] = []
-    lines += _family("hedgerow_shed_total", "counter", "Requests refused or shed, by reason.",
-                     (_sample("hedgerow_shed_total", {"reason": r}, n) for r, n in sorted(shed.items())))
-    lines += _family("hedgerow_hedges_total", "counter", "Hedged attempts started.",
-                     [_sample("hedgerow_hedges_total", {"outcome": "started"},
-                              counters.get("hedges_started", 0))])
-    lines += _family("hedgerow_retries_total", "counter",
-                     "Attempts retried on another worker before the first token.",
-                     [_sample("hedgerow_retries_total", {}, counters.get("retries", 0))])
-    lines += _family("hedgerow_breaker_transitions_total", "counter",
-                     "Circuit breaker state changes, by new state.",
-                     (_sample("hedgerow_breaker_transitions_total", {"to": s}, n)
-                      for s, n in sorted(breaker_to.items())))
-    lines += _family("hedgerow_breaker_state", "gauge", "0 closed, 1 half-open, 2 open.",
-                     (_sample("hedgerow_breaker_state", {"worker": w}, BREAKER_STATE_VALUE[s])
-                      for w, s in sorted(stats["breakers"].items())))
-    lines += _family("hedgerow_queue_depth", "gauge", "Requests waiting for a worker slot.",
-                     (_sample("hedgerow_queue_depth", {"model": m}, n)
-                      for m, n in sorted(stats["queued"].items())))
-    lines += _family("hedgerow_worker_inflight", "gauge", "Attempts in flight per worker.",
-                     (_sample("hedgerow_worker_inflight", {"worker": w}, n)
-                      for w, n in sorted(stats["inflight"].items())))
-    budget = stats["hedge_budget"]
-    lines += _family("hedgerow_hedge_budget", "gauge", "Hedges that could be started now.",
-                     [_sample("hedgerow_hedge_budget", {}, round(budget["level"], 3))])
-    return "\n".join(lines) + "\n"
+    hedges = {"started": counters.get("hedges_started", 0),
+              "budget_exhausted": counters.get("hedge_budget_exhausted", 0),
+              "won": hedges_won}
+    breakers = {w: BREAKER_STATE_VALUE[s] for w, s in stats["breakers"].items()}
+    slots = {w.registration.worker_id: w.registration.slots for w in directory.workers}
+    return [
+        _counter("hedgerow_shed_total", "Requests refused or shed, by reason.", "reason",
+                 _with_prefix(counters, "shed_")),
+        _counter("hedgerow_hedges_total", "Hedged attempts: started, refused by the budget, "
+                 "and won (the hedge gave the first token).", "outcome", hedges),
+        _counter("hedgerow_retries_total", "Attempts retried on another worker before the "
+                 "first token.", None, {"": counters.get("retries", 0)}),
+        _counter("hedgerow_breaker_transitions_total", "Circuit breaker state changes, by new "
+                 "state.", "to", _with_prefix(counters, "breaker_to_")),
+        _gauge("hedgerow_breaker_state", "0 closed, 1 half-open, 2 open.", "worker", breakers),
+        _gauge("hedgerow_queue_depth", "Requests waiting for a worker slot.", "model",
+               stats["queued"]),
+        _gauge("hedgerow_slots_in_use", "Worker slots this gateway holds now (attempts in "
+               "flight), by worker.", "worker", stats["inflight"]),
+        _gauge("hedgerow_slots", "Slots each registered worker offers.", "worker", slots),
+        _gauge("hedgerow_hedge_budget", "Hedges that could be started now.", None,
+               {"": round(stats["hedge_budget"]["level"], 3)}),
+    ]

@@ -10,9 +10,10 @@ SSE ``error`` event, never a silent truncation.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -59,6 +60,12 @@ def _observe(outcome: RelayOutcome, chunk: dict[str, Any]) -> bool:
     return False
 
 
+class RelayObserver(Protocol):
+    """Told about each event written to a streaming client (monotonic seconds)."""
+
+    def relayed(self, received: float, written: float, token: bool) -> None: ...
+
+
 async def _all_events(attempt: Attempt) -> AsyncIterator[SseEvent]:
     for event in attempt.first:
         yield event
@@ -67,19 +74,24 @@ async def _all_events(attempt: Attempt) -> AsyncIterator[SseEvent]:
 
 
 async def stream_to_client(
-    request: Request, attempt: Attempt, headers: Headers, include_usage: bool
+    request: Request, attempt: Attempt, headers: Headers, include_usage: bool,
+    observer: RelayObserver | None = None,
 ) -> RelayOutcome:
+    """Relay the attempt's events as they come; ``observer`` hears when each was written.
+
+    An event's ``received`` time is when the relay got it from the upstream
+    parser; for the events read while getting the first token, the moment
+    that first token arrived.
+    """
     outcome = RelayOutcome()
     await request.send({"type": "http.response.start", "status": 200,
                         "headers": list(SSE_HEADERS) + headers})
     try:
-        async for event in _all_events(attempt):
-            if event.data == "[DONE]":
-                outcome.complete = True
-            elif _relay_skips(outcome, event, include_usage):
-                continue
-            await request.send({"type": "http.response.body", "body": event.raw,
-                                "more_body": True})
+        for event in attempt.first:
+            await _relay(request, event, outcome, include_usage, observer,
+                         attempt.first_token_at)
+        async for event in attempt.events:
+            await _relay(request, event, outcome, include_usage, observer, time.monotonic())
     except UpstreamFailed as error:
         outcome.failed = True
         log.warning("request stream from %s failed mid-way: %s", attempt.worker_id, error)
@@ -91,6 +103,18 @@ async def stream_to_client(
             "upstream_truncated")
     await request.send({"type": "http.response.body", "body": b""})
     return outcome
+
+
+async def _relay(request: Request, event: SseEvent, outcome: RelayOutcome,
+                 include_usage: bool, observer: RelayObserver | None, received: float) -> None:
+    pieces = len(outcome.text)
+    if event.data == "[DONE]":
+        outcome.complete = True
+    elif _relay_skips(outcome, event, include_usage):
+        return
+    await request.send({"type": "http.response.body", "body": event.raw, "more_body": True})
+    if observer is not None:
+        observer.relayed(received, time.monotonic(), len(outcome.text) > pieces)
 
 
 def _relay_skips(outcome: RelayOutcome, event: SseEvent, include_usage: bool) -> bool:

@@ -97,6 +97,7 @@ class Ticket:
     charged: float = 0.0
     finished: bool = False
     assigned_at: float | None = None
+    upstream_at: float | None = None  # the first attempt's request handed to the HTTP client
 
 
 # -- messages ---------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from hedgerow.logs import configure_logging
+from hedgerow.logs import LOG_FORMATS, configure_logging
 
 if TYPE_CHECKING:
     from workers.sim_backend import LatencyModel
@@ -27,7 +27,12 @@ DEFAULT_CONTROL_PLANE = "http://127.0.0.1:8500"
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level)
+    try:
+        configure_logging(args.log_level, args.log_format)
+    except ValueError as error:  # a bad HEDGEROW_LOG_FORMAT or level
+        raise SystemExit(f"hedgerow: {error}") from error
+    # `hedgerow up` starts its children as processes of their own: they read it here.
+    os.environ["HEDGEROW_LOG_FORMAT"] = args.log_format
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
@@ -37,12 +42,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hedgerow", description=__doc__)
     parser.add_argument("--log-level", default=os.environ.get("HEDGEROW_LOG_LEVEL", "info"))
+    parser.add_argument("--log-format", choices=LOG_FORMATS,
+                        default=os.environ.get("HEDGEROW_LOG_FORMAT", "text"),
+                        help="json: one JSON object a line, with request_id (default text)")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_up(commands)
     _add_control_plane(commands)
     _add_gateway(commands)
     _add_worker(commands)
     _add_bench(commands)
+    _add_policy(commands)
     return parser
 
 
@@ -82,7 +91,16 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
     cp.add_argument("--host", default="127.0.0.1")
     cp.add_argument("--port", type=int, default=8500)
     cp.add_argument("--lease-s", type=float, default=3.0, help="drop workers silent this long")
+    cp.add_argument("--policy", type=Path, help="initial policy YAML (default: the shipped one)")
+    cp.add_argument("--policy-dir", type=Path,
+                    help="watched directory: a changed *.yaml file there is applied")
     cp.set_defaults(run=_run_control_plane)
+
+
+def _add_policy(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from hedgerow.policy_cli import add_policy_parser
+
+    add_policy_parser(commands)
 
 
 def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -171,12 +189,20 @@ def run_until_signalled(body: Callable[[anyio.Event], Awaitable[None]]) -> None:
     anyio.run(runner, backend_options={"use_uvloop": True})
 
 
-def _run_control_plane(args: argparse.Namespace) -> None:
+def _run_control_plane(args: argparse.Namespace) -> int:
     from control_plane.main import run_control_plane
+    from hedgerow.policy_cli import check_startup_policy
+    from policies.schema import DEFAULT_POLICY_PATH
 
-    run_until_signalled(
-        lambda shutdown: run_control_plane(args.host, args.port, shutdown, lease_s=args.lease_s)
-    )
+    policy_file = args.policy or DEFAULT_POLICY_PATH
+    problem = check_startup_policy(policy_file, args.policy_dir)
+    if problem is not None:
+        print(f"hedgerow: {problem}", file=sys.stderr)
+        return 1
+    run_until_signalled(lambda shutdown: run_control_plane(
+        args.host, args.port, shutdown, lease_s=args.lease_s,
+        policy_file=policy_file, policy_dir=args.policy_dir))
+    return 0
 
 
 def _run_gateway(args: argparse.Namespace) -> None:

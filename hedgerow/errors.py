@@ -9,6 +9,9 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │   ├── RouteNotFound               404
     │   ├── ModelNotFound               404  code=model_not_found
     │   ├── UnknownWorker               404  code=unknown_worker
+    │   ├── UnknownPolicyVersion        404  code=unknown_policy_version
+    │   ├── PolicyError                 400  code=invalid_policy (policies.schema;
+    │   │                                    carries file:line:column issues)
     │   ├── MethodNotAllowed            405
     │   ├── PayloadTooLarge             413
     │   └── UnsupportedMediaType        415
@@ -82,6 +85,11 @@ class ModelNotFound(InvalidRequest):
 class UnknownWorker(InvalidRequest):
     status = 404
     default_code = "unknown_worker"
+
+
+class UnknownPolicyVersion(InvalidRequest):
+    status = 404
+    default_code = "unknown_policy_version"
 
 
 class MethodNotAllowed(InvalidRequest):

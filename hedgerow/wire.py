@@ -1,7 +1,8 @@
 """Wire types shared by workers, the control plane and gateways.
 
 One module defines each message that crosses a process boundary: worker
-registration, heartbeat, and the registry snapshots of the watch stream.
+registration, heartbeat, the registry snapshots of the watch stream, and the
+policy versions of the control plane's admin API.
 """
 
 from __future__ import annotations
@@ -61,3 +62,33 @@ class RegistrySnapshot(WireModel):
 
     def models(self) -> tuple[str, ...]:
         return tuple(sorted({m for w in self.workers for m in w.registration.models}))
+
+
+class PolicyVersionInfo(WireModel):
+    """One accepted policy version, without its text (history entries)."""
+
+    version: int = Field(ge=1)
+    checksum: str  # sha256 hex of the canonical policy: formatting does not change it
+    applied_at: float  # seconds since the epoch
+    source: str  # the file, "api", or "rollback to vN"
+
+
+class PolicyVersionText(PolicyVersionInfo):
+    """A policy version with the YAML text as the operator wrote it."""
+
+    text: str
+
+
+class PolicyHistory(WireModel):
+    current: int
+    versions: tuple[PolicyVersionInfo, ...]  # oldest first; bounded
+
+
+class PolicyApplied(PolicyVersionInfo):
+    """The answer to an apply or rollback: the version now active."""
+
+    changed: bool  # False: identical content was already active; nothing changed
+
+
+class PolicyValidated(WireModel):
+    checksum: str

@@ -1,27 +1,92 @@
 """The policy schema: what an operator can tune, validated strictly.
 
-Unknown keys are errors (a typo must never be silently ignored). The policy
-issue grows this schema; the shipped default lives in ``default.yaml``.
+Unknown keys are errors (a typo must never be silently ignored). Rules that
+span fields (references, duplicate names) raise ``SchemaRuleError`` carrying
+the location of each violation, so the loader (``policies/loader.py``) can
+point at the exact line. The shipped default lives in ``default.yaml``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from hedgerow.errors import InvalidRequest
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("default.yaml")
 
+Loc = tuple[str | int, ...]
 
-class PolicyError(ValueError):
-    """A policy document that cannot be accepted; the message says where and why."""
+
+@dataclass(frozen=True)
+class PolicyIssue:
+    """One reason a policy document was rejected, and where it was written."""
+
+    source: str
+    line: int  # 1-based
+    column: int  # 1-based
+    path: str  # e.g. "tenants[1].limits.max_concurrency"; "(document)" for the whole
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}:{self.column}: {self.path}: {self.message}"
+
+
+class PolicyError(InvalidRequest):
+    """A policy document that cannot be accepted; one line per issue, each
+    ``file:line:column: path: message``."""
+
+    default_code = "invalid_policy"
+
+    def __init__(self, issues: Sequence[PolicyIssue], omitted: int = 0) -> None:
+        if not issues:
+            raise ValueError("a PolicyError needs at least one issue")
+        self.issues = tuple(issues)
+        self.omitted = omitted
+        lines = [str(issue) for issue in self.issues]
+        if omitted:
+            lines.append(f"(and {omitted} more problems)")
+        super().__init__("\n".join(lines))
+
+
+class SchemaRuleError(ValueError):
+    """Cross-field violations, each with its location relative to the model."""
+
+    def __init__(self, violations: Sequence[tuple[Loc, str]]) -> None:
+        self.violations = tuple(violations)
+        super().__init__("; ".join(message for _, message in self.violations))
+
+
+def _raise_violations(violations: Sequence[tuple[Loc, str]]) -> None:
+    if violations:
+        raise SchemaRuleError(violations)
+
+
+_SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def _sha256_digest(value: str) -> str:
+    if not _SHA256_HEX.fullmatch(value):
+        raise ValueError(
+            "must be the sha256 hex digest of an API key (64 hex characters), never the key "
+            "itself; compute it with: printf %s KEY | sha256sum")
+    return value.lower()
+
+
+ApiKeyDigest = Annotated[str, AfterValidator(_sha256_digest)]
+Name = Annotated[str, Field(min_length=1, max_length=128)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf/nan: a rate of .inf is a typo, not a setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Limits(_Strict):
@@ -31,7 +96,7 @@ class Limits(_Strict):
 
 
 class PriorityClass(_Strict):
-    name: str
+    name: Name
     ttft_slo_ms: int = Field(ge=1)
     deadline_ms: int = Field(ge=1)
     # Hedge requests of this class when their first token is late.
@@ -47,9 +112,9 @@ class TenantLimits(_Strict):
 
 
 class Tenant(_Strict):
-    name: str
+    name: Name
     # The policy never holds raw keys: sha256 hex digests of "Bearer" tokens.
-    api_key_sha256: tuple[str, ...] = ()
+    api_key_sha256: tuple[ApiKeyDigest, ...] = ()
     class_: str = Field("interactive", alias="class")
     limits: TenantLimits = TenantLimits()
 
@@ -60,7 +125,7 @@ class Scheduling(_Strict):
     # Refuse at once when predicted queue wait + prefill exceeds the deadline.
     slo_admission: bool = True
     # "edf" (earliest deadline first) or "fifo" (arrival order; for comparison).
-    order: str = Field("edf", pattern="^(edf|fifo)$")
+    order: Literal["edf", "fifo"] = "edf"
     # Prefill estimate used until workers have measured themselves.
     prefill_ms_per_token: float = Field(0.5, ge=0)
 
@@ -88,7 +153,7 @@ class Hedging(_Strict):
     @model_validator(mode="after")
     def _floor_below_ceiling(self) -> Hedging:
         if self.floor_ms > self.ceiling_ms:
-            raise ValueError("hedging.floor_ms must not exceed hedging.ceiling_ms")
+            raise SchemaRuleError([(("floor_ms",), "must not exceed hedging.ceiling_ms")])
         return self
 
 
@@ -100,7 +165,7 @@ class Breaker(_Strict):
     @model_validator(mode="after")
     def _open_below_max(self) -> Breaker:
         if self.open_for_ms > self.max_open_for_ms:
-            raise ValueError("breaker.open_for_ms must not exceed breaker.max_open_for_ms")
+            raise SchemaRuleError([(("open_for_ms",), "must not exceed breaker.max_open_for_ms")])
         return self
 
 
@@ -110,8 +175,8 @@ class Routing(_Strict):
 
 
 class ModelEntry(_Strict):
-    name: str
-    aliases: tuple[str, ...] = ()
+    name: Name
+    aliases: tuple[Name, ...] = ()
 
 
 class Policy(_Strict):
@@ -128,14 +193,15 @@ class Policy(_Strict):
     models: tuple[ModelEntry, ...] = ()
 
     @model_validator(mode="after")
-    def _references_resolve(self) -> Policy:
-        tenant_names = {t.name for t in self.tenants}
-        class_names = {c.name for c in self.classes}
-        if self.anonymous_tenant is not None and self.anonymous_tenant not in tenant_names:
-            raise ValueError(f"anonymous_tenant {self.anonymous_tenant!r} is not a tenant")
-        for tenant in self.tenants:
-            if tenant.class_ not in class_names:
-                raise ValueError(f"tenant {tenant.name!r} uses unknown class {tenant.class_!r}")
+    def _names_unique_and_references_resolve(self) -> Policy:
+        _raise_violations([
+            *_duplicates("classes", (c.name for c in self.classes), "class"),
+            *_duplicates("tenants", (t.name for t in self.tenants), "tenant"),
+            *_duplicates("models", (m.name for m in self.models), "model"),
+            *_dangling_references(self),
+            *_shared_api_keys(self.tenants),
+            *_shadowing_aliases(self.models),
+        ])
         return self
 
     def tenant(self, name: str) -> Tenant:
@@ -155,21 +221,71 @@ class Policy(_Strict):
         return any(entry.name == name for entry in self.models)
 
 
+Violations = list[tuple[Loc, str]]
+
+
+def _duplicates(section: str, names: Iterable[str], kind: str) -> Violations:
+    seen: dict[str, int] = {}
+    found: Violations = []
+    for index, name in enumerate(names):
+        if name in seen:
+            found.append(((section, index, "name"),
+                          f"duplicate {kind} name {name!r} (also {section}[{seen[name]}])"))
+        seen.setdefault(name, index)
+    return found
+
+
+def _dangling_references(policy: Policy) -> Violations:
+    tenant_names = [t.name for t in policy.tenants]
+    class_names = [c.name for c in policy.classes]
+    found: Violations = []
+    if policy.anonymous_tenant is not None and policy.anonymous_tenant not in tenant_names:
+        found.append((("anonymous_tenant",), f"anonymous_tenant {policy.anonymous_tenant!r} "
+                      f"is not a tenant (tenants: {_listing(tenant_names)})"))
+    for index, tenant in enumerate(policy.tenants):
+        if tenant.class_ not in class_names:
+            found.append((("tenants", index, "class"), f"tenant {tenant.name!r} uses unknown "
+                          f"class {tenant.class_!r} (classes: {_listing(class_names)})"))
+    return found
+
+
+def _shared_api_keys(tenants: Sequence[Tenant]) -> Violations:
+    """One key must identify one tenant; a digest listed twice is ambiguous."""
+    counts = Counter(digest for t in tenants for digest in t.api_key_sha256)
+    return [
+        (("tenants", ti, "api_key_sha256", ki), "this key digest is listed more than once")
+        for ti, tenant in enumerate(tenants)
+        for ki, digest in enumerate(tenant.api_key_sha256)
+        if counts[digest] > 1
+    ]
+
+
+def _shadowing_aliases(models: Sequence[ModelEntry]) -> Violations:
+    """An alias must name exactly one model: never another model's name or alias."""
+    owners: dict[str, int] = {m.name: i for i, m in enumerate(models)}
+    found: Violations = []
+    for mi, model in enumerate(models):
+        for ai, alias in enumerate(model.aliases):
+            owner = owners.setdefault(alias, mi)
+            if owner != mi or alias == model.name:
+                found.append((("models", mi, "aliases", ai),
+                              f"alias {alias!r} already names model {models[owner].name!r}"))
+    return found
+
+
+def _listing(names: Sequence[str]) -> str:
+    return ", ".join(dict.fromkeys(names)) if names else "none declared"
+
+
 def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
-    try:
-        data: Any = yaml.safe_load(text) or {}
-    except yaml.YAMLError as error:
-        raise PolicyError(f"{source}: YAML syntax error: {error}") from None
-    try:
-        return Policy.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(document)"
-        raise PolicyError(f"{source}: {where}: {first['msg']}") from None
+    """Parse and validate a YAML policy; ``PolicyError`` lists every problem."""
+    from policies.loader import parse_policy_document  # the loader builds on this module
+
+    return parse_policy_document(text, source)
 
 
 def load_policy(path: Path = DEFAULT_POLICY_PATH) -> Policy:

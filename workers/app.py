@@ -16,6 +16,7 @@ workers are served) and the caller sees a broken stream, never a clean end.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -34,12 +35,15 @@ from hedgerow.asgi import (
     Router,
     Scope,
     Send,
+    send_bytes,
     send_json,
     sse_event,
     stream_until_disconnect,
     wait_for_disconnect,
 )
 from hedgerow.errors import HedgerowError, ModelNotFound, NoHealthyWorker
+from hedgerow.logs import request_id_var, safe_request_id
+from hedgerow.metrics import CONTENT_TYPE
 from workers.backend import (
     Backend,
     Finished,
@@ -48,6 +52,7 @@ from workers.backend import (
     GenerationStream,
     TokenChunk,
 )
+from workers.metrics import GenerationTiming, WorkerMetrics
 
 log = logging.getLogger("hedgerow.worker")
 
@@ -66,18 +71,26 @@ class WorkerApp:
     backend: Backend
     state: WorkerState
     router: Router = field(init=False)
+    metrics: WorkerMetrics = field(init=False)
 
     def __post_init__(self) -> None:
+        self.metrics = WorkerMetrics(self.backend.load, lambda: self.state.draining)
         self.router = Router()
         self.router.add("GET", "/healthz", self.healthz)
         self.router.add("GET", "/readyz", self.readyz)
         self.router.add("GET", "/status", self.status)
+        self.router.add("GET", "/metrics", self.prometheus)
         self.router.add("GET", "/v1/models", self.models)
         self.router.add("POST", "/v1/chat/completions", self.chat)
         self.router.add("POST", "/v1/completions", self.completions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.router.serve(scope, receive, send)
+        # Logs while serving carry the id the gateway sent (when it looks like one).
+        logged_as = request_id_var.set(_request_id_header(scope))
+        try:
+            await self.router.serve(scope, receive, send)
+        finally:
+            request_id_var.reset(logged_as)
 
     async def healthz(self, request: Request) -> None:
         await send_json(request.send, 200, {"status": "ok"})
@@ -97,6 +110,9 @@ class WorkerApp:
             **asdict(self.backend.load()),
         }
         await send_json(request.send, 200, body)
+
+    async def prometheus(self, request: Request) -> None:
+        await send_bytes(request.send, 200, self.metrics.render(), content_type=CONTENT_TYPE)
 
     async def models(self, request: Request) -> None:
         data = [
@@ -124,13 +140,21 @@ class WorkerApp:
         if self.state.draining:
             raise NoHealthyWorker("worker is draining", retry_after=1)
         request_id = request.header("x-request-id") or uuid.uuid4().hex
-        stream = _ResponseStream(request_id, parsed.model, oa.now_created(), chat, parsed.include_usage())
+        timing = GenerationTiming(started=time.monotonic())
+        stream = _ResponseStream(request_id, parsed.model, oa.now_created(), chat,
+                                 parsed.include_usage(), timing)
         events = self.backend.generate(generation)
         headers = [(b"x-request-id", request_id.encode())]
-        if parsed.stream:
-            await _stream_sse(request, stream, events, list(SSE_HEADERS) + headers)
-        else:
-            await send_json(request.send, 200, await stream.whole(events), headers)
+        try:
+            if parsed.stream:
+                await _stream_sse(request, stream, events, list(SSE_HEADERS) + headers)
+            else:
+                await send_json(request.send, 200, await stream.whole(events), headers)
+        except Exception:
+            timing.failed = True
+            raise
+        finally:
+            self.metrics.generation_done(parsed.model, timing)
 
 
 async def _stream_sse(
@@ -141,9 +165,11 @@ async def _stream_sse(
         first = await _first_event_unless_disconnected(request, events)
         if first is None:
             return
+        stream.timing.saw(first, time.monotonic())
         try:
             await stream_until_disconnect(request, 200, headers, stream.sse(first, events))
         except* HedgerowError as failures:
+            stream.timing.failed = True
             # Returning without the final body makes Hypercorn drop the connection.
             log.warning("stream %s broke after it started: %s", stream.request_id, failures.exceptions[0])
 
@@ -174,6 +200,13 @@ async def _first_event_unless_disconnected(
     return first
 
 
+def _request_id_header(scope: Scope) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if bytes(key).lower() == b"x-request-id":
+            return safe_request_id(bytes(value).decode("latin-1"))
+    return None
+
+
 def _sampling(parsed: oa._Sampling) -> dict[str, Any]:
     return {
         "max_tokens": parsed.token_limit(),
@@ -193,6 +226,7 @@ class _ResponseStream:
     created: int
     chat: bool
     include_usage: bool
+    timing: GenerationTiming
 
     def _delta(self, text: str, finish: str | None = None) -> dict[str, Any]:
         if self.chat:
@@ -218,12 +252,15 @@ class _ResponseStream:
                         used = oa.usage(event.prompt_tokens, event.completion_tokens)
                         yield sse_event(oa.usage_chunk(self.request_id, self.model, self.created, used))
                 event = await anext(events, None)
+                if event is not None:
+                    self.timing.saw(event, time.monotonic())
         yield SSE_DONE
 
     async def whole(self, events: AsyncIterator[TokenChunk | Finished]) -> dict[str, Any]:
         parts: list[str] = []
         async with aclosing(events):
             async for event in events:
+                self.timing.saw(event, time.monotonic())
                 if isinstance(event, TokenChunk):
                     parts.append(event.text)
                     continue

@@ -1,0 +1,127 @@
+"""Admin HTTP API of operator policy: show, history, validate, apply, rollback.
+
+    GET  /v1/policy                     the current version: metadata and YAML text
+    GET  /v1/policy/{version}           one retained version, same shape
+    GET  /v1/policy/history             retained versions, oldest first (no text)
+    POST /v1/policy/validate            body: YAML → 200 {checksum} | 400 issues
+    POST /v1/policy                     body: YAML → 201 new version | 200 unchanged | 400 issues
+    POST /v1/policy/rollback/{version}  → 201 new version with that content | 200 unchanged | 404
+
+``?source=NAME`` names the document in error locations (the CLI sends the file
+name). A 400 for a policy carries the OpenAI error envelope plus ``issues``:
+``[{source, line, column, path, message}]``; the active policy is unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import unicodedata
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from control_plane.policy_actor import (
+    Applied,
+    ApplyPolicy,
+    GetPolicy,
+    GetPolicyHistory,
+    RollbackPolicy,
+)
+from control_plane.policy_store import PolicyVersion
+from hedgerow.actors import ActorRef
+from hedgerow.asgi import Request, Router, send_json
+from hedgerow.errors import InvalidRequest
+from hedgerow.latest import LatestValue
+from hedgerow.wire import PolicyApplied, PolicyHistory, PolicyValidated
+from policies.loader import MAX_POLICY_CHARS, decode_policy_bytes, parse_policy_document, policy_checksum
+from policies.schema import PolicyError
+
+MAX_POLICY_BODY = 4 * MAX_POLICY_CHARS  # UTF-8 bytes; the loader bounds characters
+ASK_TIMEOUT_S = 5.0
+MAX_SOURCE_CHARS = 200
+
+
+@dataclass
+class PolicyApi:
+    policies: ActorRef
+    # The active version, for followers (the watch stream, later).
+    published: LatestValue[PolicyVersion]
+
+    def add_routes(self, router: Router) -> None:
+        # history before {version}: the router takes the first pattern that matches.
+        router.add("GET", "/v1/policy", self.show_current)
+        router.add("POST", "/v1/policy", self.apply)
+        router.add("GET", "/v1/policy/history", self.history)
+        router.add("POST", "/v1/policy/validate", self.validate)
+        router.add("POST", "/v1/policy/rollback/{version}", self.rollback)
+        router.add("GET", "/v1/policy/{version}", self.show_version)
+
+    async def show_current(self, request: Request) -> None:
+        version = await self.policies.ask(GetPolicy(), timeout=ASK_TIMEOUT_S)
+        await send_json(request.send, 200, version.with_text().model_dump(mode="json"))
+
+    async def show_version(self, request: Request) -> None:
+        number = _version_param(request)
+        version = await self.policies.ask(GetPolicy(number), timeout=ASK_TIMEOUT_S)
+        await send_json(request.send, 200, version.with_text().model_dump(mode="json"))
+
+    async def history(self, request: Request) -> None:
+        versions = await self.policies.ask(GetPolicyHistory(), timeout=ASK_TIMEOUT_S)
+        history = PolicyHistory(current=versions[-1].version, versions=tuple(versions))
+        await send_json(request.send, 200, history.model_dump(mode="json"))
+
+    async def validate(self, request: Request) -> None:
+        source = _source_param(request)
+        try:
+            policy = parse_policy_document(await _policy_text(request, source), source)
+        except PolicyError as error:
+            await send_policy_error(request, error)
+            return
+        reply = PolicyValidated(checksum=policy_checksum(policy))
+        await send_json(request.send, 200, reply.model_dump(mode="json"))
+
+    async def apply(self, request: Request) -> None:
+        source = _source_param(request)
+        try:
+            text = await _policy_text(request, source)
+            applied = await self.policies.ask(ApplyPolicy(text, source), timeout=ASK_TIMEOUT_S)
+        except PolicyError as error:
+            await send_policy_error(request, error)
+            return
+        await _send_applied(request, applied)
+
+    async def rollback(self, request: Request) -> None:
+        number = _version_param(request)
+        applied = await self.policies.ask(RollbackPolicy(number), timeout=ASK_TIMEOUT_S)
+        await _send_applied(request, applied)
+
+
+async def send_policy_error(request: Request, error: PolicyError) -> None:
+    payload = error.envelope() | {
+        "issues": [dataclasses.asdict(issue) for issue in error.issues],
+        "omitted": error.omitted,
+    }
+    await send_json(request.send, error.status, payload)
+
+
+async def _send_applied(request: Request, applied: Applied) -> None:
+    info = applied.version.info()
+    reply = PolicyApplied(**info.model_dump(), changed=applied.changed)
+    await send_json(request.send, 201 if applied.changed else 200, reply.model_dump(mode="json"))
+
+
+async def _policy_text(request: Request, source: str) -> str:
+    return decode_policy_bytes(await request.body(MAX_POLICY_BODY), source)
+
+
+def _version_param(request: Request) -> int:
+    raw = request.path_params["version"]
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+        raise InvalidRequest(f"policy version must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def _source_param(request: Request) -> str:
+    """The document's name for messages and history; printable, bounded."""
+    raw = unquote(request.query().get("source", "")).strip()
+    printable = "".join(c for c in raw if unicodedata.category(c)[0] != "C")
+    return printable[:MAX_SOURCE_CHARS] or "api"
