@@ -37,14 +37,11 @@ from hedgerow.asgi import (
     Scope,
     Send,
     cancel_on_disconnect,
-    handle_lifespan,
     send_bytes,
-    send_error,
     send_json,
     send_text,
 )
 from hedgerow.errors import (
-    HedgerowError,
     InvalidRequest,
     ModelNotFound,
     UnsupportedMediaType,
@@ -80,19 +77,12 @@ class GatewayApp:
         self.router.add("POST", "/v1/completions", self.completions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await handle_lifespan(receive, send)
-            return
-        request = Request(scope, receive, send)
         request_id = uuid.uuid4().hex
-        request_headers = [(b"x-request-id", request_id.encode())]
+        scope["hedgerow.request_id"] = request_id
         logged_as = request_id_var.set(request_id)
         try:
-            handler, request.path_params = self.router.resolve(request.method, request.path)
-            request.scope["hedgerow.request_id"] = request_id
-            await handler(request)
-        except HedgerowError as error:
-            await send_error(send, error, request_headers)
+            await self.router.serve(scope, receive, send,
+                                    lambda _: [(b"x-request-id", request_id.encode())])
         finally:
             request_id_var.reset(logged_as)
 
