@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from control_plane.policy_store import PolicyStore, PolicyVersion
 from hedgerow.actors import Actor
 from hedgerow.latest import LatestValue
@@ -61,10 +63,11 @@ class PolicyActor(Actor):
     async def receive(self, message: Any) -> Any:
         match message:
             case ApplyPolicy(text, source):
-                return self._change(lambda: self.store.apply(text, source, time.time()), source)
+                return await self._change(lambda: self.store.apply(text, source, time.time()),
+                                          source)
             case RollbackPolicy(target):
-                return self._change(lambda: self.store.rollback(target, time.time()),
-                                    f"rollback to v{target}")
+                return await self._change(lambda: self.store.rollback(target, time.time()),
+                                          f"rollback to v{target}")
             case GetPolicy(None):
                 return self.store.current
             case GetPolicy(int(wanted)):
@@ -74,10 +77,12 @@ class PolicyActor(Actor):
             case _:
                 raise TypeError(f"unexpected message {message!r}")
 
-    def _change(self, change: Callable[[], PolicyVersion], source: str) -> Applied:
+    async def _change(self, change: Callable[[], PolicyVersion], source: str) -> Applied:
         before = self.store.current.version
         try:
-            after = change()
+            # Validating a large document takes a while: off the event loop. Safe,
+            # because this actor handles one message at a time.
+            after = await anyio.to_thread.run_sync(change)
         except PolicyError as error:
             log.warning("policy from %s rejected; v%d stays active:\n%s", source, before, error)
             raise

@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import unicodedata
 from dataclasses import dataclass
-from urllib.parse import unquote
+from urllib.parse import unquote_plus
+
+import anyio
 
 from control_plane.policy_actor import (
     Applied,
@@ -72,7 +74,8 @@ class PolicyApi:
     async def validate(self, request: Request) -> None:
         source = _source_param(request)
         try:
-            policy = parse_policy_document(await _policy_text(request, source), source)
+            text = await _policy_text(request, source)
+            policy = await anyio.to_thread.run_sync(parse_policy_document, text, source)
         except PolicyError as error:
             await send_policy_error(request, error)
             return
@@ -122,6 +125,6 @@ def _version_param(request: Request) -> int:
 
 def _source_param(request: Request) -> str:
     """The document's name for messages and history; printable, bounded."""
-    raw = unquote(request.query().get("source", "")).strip()
+    raw = unquote_plus(request.query().get("source", "")).strip()
     printable = "".join(c for c in raw if unicodedata.category(c)[0] != "C")
     return printable[:MAX_SOURCE_CHARS] or "api"

@@ -26,7 +26,7 @@ from gateway.dispatch import Dispatcher
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics, status_of
 from gateway.page import CHAT_PAGE
 from gateway.relay import RelayOutcome, collect, completion_body, stream_to_client
-from gateway.scheduler import Outcome, Stats, Submit, Ticket, TicketDone
+from gateway.scheduler import Outcome, Reconfigure, Stats, Submit, Ticket, TicketDone
 from hedgerow import openai_api as oa
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import (
@@ -86,6 +86,16 @@ class GatewayApp:
         finally:
             request_id_var.reset(logged_as)
 
+    async def apply_policy(self, policy: Policy) -> None:
+        """Make ``policy`` govern every request that arrives from now on.
+
+        One attribute swap on the event loop, so no request sees half of it;
+        requests already in flight keep the policy they started with.
+        """
+        self.policy = policy
+        self.dispatcher.policy = policy
+        await self.scheduler.tell(Reconfigure(policy))
+
     # -- plain routes ---------------------------------------------------
 
     async def page(self, request: Request) -> None:
@@ -141,25 +151,28 @@ class GatewayApp:
         observed: RequestMetrics,
     ) -> bool:
         """Serve one completion; False when the client left before it was done."""
-        identity = identify(self.policy, request.header("authorization"))
+        # The policy in force when the request arrived governs it to the end,
+        # even if a new version is swapped in meanwhile.
+        policy = self.policy
+        identity = identify(policy, request.header("authorization"))
         observed.klass = identity.priority_class
         _require_json(request)
-        body = await request.body(self.policy.limits.max_body_bytes)
+        body = await request.body(policy.limits.max_body_bytes)
         parsed = oa.parse_request(body, shape)
-        self._check_limits(parsed)
-        model = self.policy.canonical_model(parsed.model)
-        self._ensure_model_known(model)
+        _check_limits(policy, parsed)
+        model = policy.canonical_model(parsed.model)
+        self._ensure_model_known(policy, model)
         observed.labelled(model, identity.priority_class)
-        ticket = self._ticket(request, identity, parsed, model)
+        ticket = self._ticket(policy, request, identity, parsed, model)
         call = UpstreamCall(ticket.request_id, request.path, _upstream_body(body, model), model)
         chat = isinstance(parsed, oa.ChatCompletionRequest)
         return await cancel_on_disconnect(
             request, lambda: self._serve(request, ticket, call, parsed, chat, observed))
 
-    def _ticket(self, request: Request, identity: Identity,
+    def _ticket(self, policy: Policy, request: Request, identity: Identity,
                 parsed: oa.ChatCompletionRequest | oa.CompletionRequest, model: str) -> Ticket:
         now = time.monotonic()
-        klass = self.policy.priority_class(identity.priority_class)
+        klass = policy.priority_class(identity.priority_class)
         asked = request.header("x-hedgerow-deadline-ms")
         deadline_ms = _tighter_deadline(klass.deadline_ms, asked)
         # Served in order of first-token due time: the class's SLO, or sooner
@@ -169,15 +182,15 @@ class GatewayApp:
         route = RouteRequest(
             prompt_tokens=prompt_tokens,
             prefix_key=prefix_key(model, parsed),
-            prefer_gpu_above_tokens=self.policy.routing.prefer_gpu_above_tokens,
-            allow_cpu_fallback=self.policy.routing.allow_cpu_fallback,
+            prefer_gpu_above_tokens=policy.routing.prefer_gpu_above_tokens,
+            allow_cpu_fallback=policy.routing.allow_cpu_fallback,
         )
         return Ticket(
             request_id=request.scope["hedgerow.request_id"], tenant=identity.tenant,
             model=model, arrival=now, due=now + due_ms / 1000, deadline=now + deadline_ms / 1000,
             estimated_tokens=prompt_tokens + (parsed.token_limit() or DEFAULT_OUTPUT_ESTIMATE),
             # Only idempotent requests race on two workers.
-            route=route, hedgeable=klass.hedge and not parsed.store)
+            route=route, hedgeable=klass.hedge and not parsed.store, policy=policy)
 
     async def _serve(self, request: Request, ticket: Ticket, call: UpstreamCall,
                      parsed: oa.ChatCompletionRequest | oa.CompletionRequest, chat: bool,
@@ -237,24 +250,25 @@ class GatewayApp:
                     "failure" if outcome.failed else "success")
                 await self.dispatcher.report(attempt.worker_id, result)
 
-    def _check_limits(self, parsed: oa.ChatCompletionRequest | oa.CompletionRequest) -> None:
-        limits = self.policy.limits
-        if isinstance(parsed, oa.ChatCompletionRequest) and len(parsed.messages) > limits.max_messages:
-            raise InvalidRequest(
-                f"too many messages: {len(parsed.messages)} > {limits.max_messages}",
-                param="messages",
-            )
-        wanted = parsed.token_limit()
-        if wanted is not None and wanted > limits.max_tokens:
-            raise InvalidRequest(
-                f"max_tokens {wanted} exceeds the limit of {limits.max_tokens}",
-                param="max_tokens",
-            )
-
-    def _ensure_model_known(self, model: str) -> None:
-        if self.policy.declares_model(model) or model in self.directory.value.models():
+    def _ensure_model_known(self, policy: Policy, model: str) -> None:
+        if policy.declares_model(model) or model in self.directory.value.models():
             return
         raise ModelNotFound(f"the model {model!r} does not exist", param="model")
+
+
+def _check_limits(policy: Policy, parsed: oa.ChatCompletionRequest | oa.CompletionRequest) -> None:
+    limits = policy.limits
+    if isinstance(parsed, oa.ChatCompletionRequest) and len(parsed.messages) > limits.max_messages:
+        raise InvalidRequest(
+            f"too many messages: {len(parsed.messages)} > {limits.max_messages}",
+            param="messages",
+        )
+    wanted = parsed.token_limit()
+    if wanted is not None and wanted > limits.max_tokens:
+        raise InvalidRequest(
+            f"max_tokens {wanted} exceeds the limit of {limits.max_tokens}",
+            param="max_tokens",
+        )
 
 
 DEFAULT_OUTPUT_ESTIMATE = 256

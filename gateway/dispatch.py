@@ -62,6 +62,10 @@ class Dispatcher:
         self.workers = workers
         self.policy = policy
 
+    def _policy(self, ticket: Ticket) -> Policy:
+        """The policy the request started under."""
+        return self.policy if ticket.policy is None else ticket.policy
+
     async def report(self, worker_id: str, outcome: Outcome) -> None:
         """Tell the scheduler an attempt ended; shielded, so cancellation can't lose it."""
         with anyio.CancelScope(shield=True):
@@ -120,7 +124,7 @@ class Dispatcher:
     async def _attempt(self, race: _Race, worker: WorkerRecord,
                        send: Sender[AttemptResult], hedged: bool) -> None:
         worker_id = worker.registration.worker_id
-        ttft_timeout = self.policy.timeouts.ttft_ms / 1000
+        ttft_timeout = self._policy(race.ticket).timeouts.ttft_ms / 1000
         if race.ticket.upstream_at is None:
             race.ticket.upstream_at = time.monotonic()
         async with send:
@@ -150,7 +154,7 @@ class Dispatcher:
                 raise
 
     async def _hedge_at(self, ticket: Ticket, worker: WorkerRecord) -> float:
-        if not (ticket.hedgeable and self.policy.hedging.enabled):
+        if not (ticket.hedgeable and self._policy(ticket).hedging.enabled):
             return math.inf
         delay = await self.scheduler.ask(HedgeDelay(ticket.model, worker.registration.kind))
         return math.inf if delay is None else anyio.current_time() + delay
@@ -174,7 +178,7 @@ class Dispatcher:
 
     async def _retry(self, tg: TaskGroup, race: _Race,
                      send: Sender[AttemptResult]) -> None:
-        if race.retries >= self.policy.retries.before_first_token:
+        if race.retries >= self._policy(race.ticket).retries.before_first_token:
             return
         worker = await self.scheduler.ask(Reroute(race.ticket, tuple(race.tried), hedge=False))
         if worker is not None:

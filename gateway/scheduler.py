@@ -92,6 +92,8 @@ class Ticket:
     hedgeable: bool
     # Absolute: first token wanted by then; the queue serves by it. None: the deadline.
     due: float | None = None
+    # The policy in force when the request arrived (None: the dispatcher's own).
+    policy: Policy | None = None
     assignment: _Assignment = field(default_factory=_Assignment)
     handle: EdfHandle | None = None
     charged: float = 0.0
@@ -161,6 +163,13 @@ class HedgeDelay:
 
 
 @dataclass(frozen=True)
+class Reconfigure:
+    """Tell: a new policy is in force for requests admitted from now on."""
+
+    policy: Policy
+
+
+@dataclass(frozen=True)
 class Stats:
     """Ask: a snapshot for /metrics and tests."""
 
@@ -219,6 +228,8 @@ class SchedulerActor(Actor):
                 self._sketch(model, pool).observe(ttft_s)
             case HedgeDelay(model, pool):
                 return self._hedge_delay(model, pool)
+            case Reconfigure(policy):
+                self._reconfigure(policy)
             case Stats():
                 return self._stats()
             case _:
@@ -234,6 +245,21 @@ class SchedulerActor(Actor):
                     f"request {ticket.request_id} waited past its deadline for a worker",
                     code="deadline_exceeded", retry_after=1))
             self._dispatch(model, now)
+
+    def _reconfigure(self, policy: Policy) -> None:
+        """Swap in a new policy without losing queued or running requests."""
+        old, self.policy = self.policy, policy
+        self.admission.reconfigure({t.name: t.limits for t in policy.tenants},
+                                   max_queue=policy.scheduling.max_queue)
+        for queue in self.queues.values():
+            queue.capacity = policy.scheduling.max_queue
+        if (old.hedging.budget_ratio, old.hedging.budget_burst) != (
+                policy.hedging.budget_ratio, policy.hedging.budget_burst):
+            self.hedge_budget = HedgeBudget(ratio=policy.hedging.budget_ratio,
+                                            burst=policy.hedging.budget_burst)
+        if old.breaker != policy.breaker or old.timeouts.ttft_ms != policy.timeouts.ttft_ms:
+            self.breakers.clear()  # rebuilt closed, with the new settings, on next use
+        log.info("scheduler now runs the new policy")
 
     # -- admission and queueing --------------------------------------------
 

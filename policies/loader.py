@@ -45,12 +45,11 @@ def parse_policy_document(text: str, source: str = "<policy>") -> Policy:
     check.visit(root, (), 0)
     if check.fatal:
         raise PolicyError(check.issues)
-    data = _construct(root, source)
-    issues = check.issues + _validation_issues(data, root, source)
-    if issues:
-        issues.sort(key=lambda issue: (issue.line, issue.column))
+    policy, invalid = _validate(_construct(root, source), root, source)
+    issues = sorted(check.issues + invalid, key=lambda issue: (issue.line, issue.column))
+    if policy is None or issues:
         raise PolicyError(issues[:MAX_ISSUES], omitted=max(0, len(issues) - MAX_ISSUES))
-    return Policy.model_validate(data)
+    return policy
 
 
 def policy_checksum(policy: Policy) -> str:
@@ -59,6 +58,17 @@ def policy_checksum(policy: Policy) -> str:
     canonical = json.dumps(policy.model_dump(mode="json", by_alias=True), sort_keys=True,
                            separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def decode_policy_bytes(data: bytes, source: str) -> str:
+    """UTF-8 (a leading BOM is allowed) or a ``PolicyError`` saying where it is not."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        before = data[: error.start]
+        line, column = before.count(b"\n") + 1, error.start - (before.rfind(b"\n") + 1) + 1
+        raise PolicyError([PolicyIssue(source, line, column, DOCUMENT,
+                                       f"not UTF-8 text (byte 0x{data[error.start]:02x})")]) from None
 
 
 # -- YAML ------------------------------------------------------------------------
@@ -164,13 +174,12 @@ class _NodeCheck:
 # -- pydantic errors → issues ------------------------------------------------------
 
 
-def _validation_issues(data: Any, root: Node, source: str) -> list[PolicyIssue]:
+def _validate(data: Any, root: Node, source: str) -> tuple[Policy | None, list[PolicyIssue]]:
     try:
-        Policy.model_validate(data)
+        return Policy.model_validate(data), []
     except ValidationError as error:
-        return [issue for detail in error.errors(include_url=False)
-                for issue in _issues_for(detail, root, source)]
-    return []
+        return None, [issue for detail in error.errors(include_url=False)
+                      for issue in _issues_for(detail, root, source)]
 
 
 def _issues_for(detail: ErrorDetails, root: Node, source: str) -> Iterator[PolicyIssue]:
@@ -259,13 +268,3 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
             return found
     return None
 
-
-def decode_policy_bytes(data: bytes, source: str) -> str:
-    """UTF-8 (a leading BOM is allowed) or a ``PolicyError`` saying where it is not."""
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        before = data[: error.start]
-        line, column = before.count(b"\n") + 1, error.start - (before.rfind(b"\n") + 1) + 1
-        raise PolicyError([PolicyIssue(source, line, column, DOCUMENT,
-                                       f"not UTF-8 text (byte 0x{data[error.start]:02x})")]) from None

@@ -41,7 +41,7 @@ INTERACTIVE = Identity("local", "interactive")
 
 
 def test_due_is_the_class_slo_and_deadline_the_class_deadline() -> None:
-    ticket = app()._ticket(request(), INTERACTIVE, chat(HI), "smollm2-135m-instruct")
+    ticket = app()._ticket(load_policy(), request(), INTERACTIVE, chat(HI), "smollm2-135m-instruct")
     assert ticket.due is not None
     assert ticket.due - ticket.arrival == pytest.approx(1.0)  # ttft_slo_ms 1000
     assert ticket.deadline - ticket.arrival == pytest.approx(10.0)  # deadline_ms 10000
@@ -49,22 +49,22 @@ def test_due_is_the_class_slo_and_deadline_the_class_deadline() -> None:
 
 
 def test_client_may_only_tighten_the_deadline() -> None:
-    tight = app()._ticket(request(x_hedgerow_deadline_ms="300"), INTERACTIVE, chat(HI), "m")
+    tight = app()._ticket(load_policy(), request(x_hedgerow_deadline_ms="300"), INTERACTIVE, chat(HI), "m")
     assert tight.deadline - tight.arrival == pytest.approx(0.3)
     assert tight.due == tight.deadline
-    loose = app()._ticket(request(x_hedgerow_deadline_ms="999999"), INTERACTIVE, chat(HI), "m")
+    loose = app()._ticket(load_policy(), request(x_hedgerow_deadline_ms="999999"), INTERACTIVE, chat(HI), "m")
     assert loose.deadline - loose.arrival == pytest.approx(10.0)
     with pytest.raises(InvalidRequest):
-        app()._ticket(request(x_hedgerow_deadline_ms="-5"), INTERACTIVE, chat(HI), "m")
+        app()._ticket(load_policy(), request(x_hedgerow_deadline_ms="-5"), INTERACTIVE, chat(HI), "m")
 
 
 def test_stored_completions_are_never_hedged() -> None:
-    ticket = app()._ticket(request(), INTERACTIVE, chat(HI, store=True), "m")
+    ticket = app()._ticket(load_policy(), request(), INTERACTIVE, chat(HI, store=True), "m")
     assert not ticket.hedgeable
 
 
 def test_token_estimate_includes_max_tokens() -> None:
-    ticket = app()._ticket(request(), INTERACTIVE, chat(HI, max_tokens=100), "m")
+    ticket = app()._ticket(load_policy(), request(), INTERACTIVE, chat(HI, max_tokens=100), "m")
     assert ticket.estimated_tokens == ticket.route.prompt_tokens + 100
 
 

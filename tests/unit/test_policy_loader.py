@@ -183,7 +183,8 @@ def test_every_problem_is_reported_in_document_order() -> None:
     ("a: 1\n---\nb: 2\n", "single document"),
     ("limits: !!python/object:os.system {}\n", "constructor"),
     ("classes: &a [*a]\n", "recursive"),
-    ("[" * 3000 + "]" * 3000, "nested too deeply"),
+    ("[" * 100 + "]" * 100, "nested too deeply"),
+    ("[" * 1000 + "]" * 1000, "nested too deeply"),  # beyond what PyYAML can compose
 ])
 def test_hostile_or_odd_documents_are_refused_cleanly(text: str, message: str) -> None:
     with pytest.raises(PolicyError, match=message):
