@@ -3,9 +3,11 @@ worker list, and the watch stream gateways follow."""
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -58,6 +60,7 @@ class ControlPlaneApp:
         self.router.add("POST", "/v1/workers/{worker_id}/heartbeat", self.heartbeat)
         self.router.add("DELETE", "/v1/workers/{worker_id}", self.deregister)
         self.router.add("GET", "/v1/watch", self.watch)
+        self.router.add("GET", "/v1/status", self.status)
         if self.policy_api is not None:
             self.policy_api.add_routes(self.router)
 
@@ -69,6 +72,21 @@ class ControlPlaneApp:
 
     async def prometheus(self, request: Request) -> None:
         await send_bytes(request.send, 200, self.metrics.render(), content_type=CONTENT_TYPE)
+
+    async def status(self, request: Request) -> None:
+        """Every worker and gateway, and the policy version each gateway runs."""
+        snapshot = await self.registry.ask(Snapshot(), timeout=ASK_TIMEOUT_S)
+        body: dict[str, Any] = {"workers": [
+            {"worker_id": w.registration.worker_id, "kind": w.registration.kind,
+             "models": list(w.registration.models), "slots": w.registration.slots,
+             "active": w.load.active, "draining": w.load.draining,
+             "labels": w.registration.labels}
+            for w in snapshot.workers]}
+        if self.policy_api is not None:
+            current = self.policy_api.published.value
+            body["policy"] = {"version": current.version, "checksum": current.checksum}
+            body["gateways"] = self.policy_api.gateways.rows(time.monotonic())
+        await send_json(request.send, 200, body)
 
     async def list_workers(self, request: Request) -> None:
         snapshot = await self.registry.ask(Snapshot(), timeout=ASK_TIMEOUT_S)

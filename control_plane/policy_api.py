@@ -15,11 +15,15 @@ name). A 400 for a policy carries the OpenAI error envelope plus ``issues``:
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 import unicodedata
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from urllib.parse import unquote_plus
 
 import anyio
+import orjson
 
 from control_plane.policy_actor import (
     Applied,
@@ -28,15 +32,20 @@ from control_plane.policy_actor import (
     GetPolicyHistory,
     RollbackPolicy,
 )
+from control_plane.gateways import GatewayAnswer, GatewayBook
 from control_plane.policy_store import PolicyVersion
 from hedgerow.actors import ActorRef
-from hedgerow.asgi import Request, Router, send_json
+from hedgerow.asgi import SSE_HEADERS, Request, Router, send_json, sse_event, stream_until_disconnect
 from hedgerow.errors import InvalidRequest
 from hedgerow.latest import LatestValue
 from hedgerow.wire import PolicyApplied, PolicyHistory, PolicyValidated
 from policies.loader import MAX_POLICY_CHARS, decode_policy_bytes, parse_policy_document, policy_checksum
 from policies.schema import PolicyError
 
+log = logging.getLogger("hedgerow.control_plane.policy")
+
+WATCH_KEEPALIVE_S = 15.0
+MAX_ANSWER_BODY = 16 * 1024
 MAX_POLICY_BODY = 4 * MAX_POLICY_CHARS  # UTF-8 bytes; the loader bounds characters
 ASK_TIMEOUT_S = 5.0
 MAX_SOURCE_CHARS = 200
@@ -45,8 +54,9 @@ MAX_SOURCE_CHARS = 200
 @dataclass
 class PolicyApi:
     policies: ActorRef
-    # The active version, for followers (the watch stream, later).
+    # The active version, for followers (the policy watch stream).
     published: LatestValue[PolicyVersion]
+    gateways: GatewayBook = field(default_factory=GatewayBook)
 
     def add_routes(self, router: Router) -> None:
         # history before {version}: the router takes the first pattern that matches.
@@ -55,7 +65,43 @@ class PolicyApi:
         router.add("GET", "/v1/policy/history", self.history)
         router.add("POST", "/v1/policy/validate", self.validate)
         router.add("POST", "/v1/policy/rollback/{version}", self.rollback)
+        router.add("GET", "/v1/policy/watch", self.watch)
+        router.add("POST", "/v1/gateways/{gateway_id}/policy", self.gateway_answer)
         router.add("GET", "/v1/policy/{version}", self.show_version)
+
+    async def watch(self, request: Request) -> None:
+        """SSE: the current version at once, then every new one (whole text)."""
+        await stream_until_disconnect(request, 200, list(SSE_HEADERS), self._versions())
+
+    async def _versions(self) -> AsyncIterator[bytes]:
+        version = -1
+        while True:
+            current: PolicyVersion | None = None
+            with anyio.move_on_after(WATCH_KEEPALIVE_S):
+                version, current = await self.published.wait_newer(version)
+            if current is None:
+                yield b": keep-alive\n\n"
+            else:
+                yield sse_event({"version": current.version, "checksum": current.checksum,
+                                 "text": current.text})
+
+    async def gateway_answer(self, request: Request) -> None:
+        """A gateway's ACK or NACK of one version."""
+        body = await request.body(MAX_ANSWER_BODY)
+        try:
+            data = orjson.loads(body)
+            answer = GatewayAnswer(
+                gateway_id=request.path_params["gateway_id"][:128],
+                version=int(data["version"]), accepted=bool(data["accepted"]),
+                checksum=data.get("checksum"), error=(data.get("error") or None),
+                at=time.monotonic())
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise InvalidRequest("expected {version, accepted, checksum?, error?}") from None
+        if not answer.accepted:
+            log.warning("gateway %s rejected policy version %d: %s",
+                        answer.gateway_id, answer.version, answer.error)
+        self.gateways.record(answer)
+        await send_json(request.send, 200, {"recorded": True})
 
     async def show_current(self, request: Request) -> None:
         version = await self.policies.ask(GetPolicy(), timeout=ASK_TIMEOUT_S)

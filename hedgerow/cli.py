@@ -82,7 +82,9 @@ def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-
     up.add_argument("--state-dir", type=Path, default=Path(".hedgerow"))
     up.add_argument("--slots", type=int, default=1)
     up.add_argument("--model-path", type=Path)
-    up.add_argument("--policy", type=Path)
+    up.add_argument("--policy", type=Path, help="initial policy (default: the shipped one)")
+    up.add_argument("--policy-dir", type=Path,
+                    help="watched directory: a changed *.yaml there becomes the policy")
     up.set_defaults(run=_run_up)
 
 
@@ -98,9 +100,10 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
 
 
 def _add_policy(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from hedgerow.policy_cli import add_policy_parser
+    from hedgerow.policy_cli import add_policy_parser, add_status_parser
 
     add_policy_parser(commands)
+    add_status_parser(commands)
 
 
 def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -111,7 +114,9 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     gw.add_argument("--state-dir", type=Path, default=Path(".hedgerow"))
     gw.add_argument("--certfile", type=Path, help="production certificate (PEM)")
     gw.add_argument("--keyfile", type=Path, help="production private key (PEM)")
-    gw.add_argument("--policy", type=Path, help="policy YAML (default: the shipped one)")
+    gw.add_argument("--policy", type=Path,
+                    help="pin this local policy YAML (default: follow the control plane's)")
+    gw.add_argument("--gateway-id", help="name in `hedgerow status` (default: gw-HOST-PORT)")
     gw.set_defaults(run=_run_gateway)
 
 
@@ -207,12 +212,11 @@ def _run_control_plane(args: argparse.Namespace) -> int:
 
 def _run_gateway(args: argparse.Namespace) -> None:
     from gateway.main import GatewayOptions, run_gateway
-    from policies.schema import DEFAULT_POLICY_PATH
 
     options = GatewayOptions(
         control_plane=args.control_plane, host=args.host, port=args.port,
         state_dir=args.state_dir, certfile=args.certfile, keyfile=args.keyfile,
-        policy_path=args.policy or DEFAULT_POLICY_PATH,
+        policy_path=args.policy, gateway_id=args.gateway_id,
     )
     run_until_signalled(lambda shutdown: run_gateway(options, shutdown))
 
@@ -255,6 +259,7 @@ def _run_up(args: argparse.Namespace) -> int:
         python=sys.executable, host=args.host, gateway_port=args.port,
         control_plane_port=args.control_plane_port, state_dir=args.state_dir,
         slots=args.slots, model_path=args.model_path, policy=args.policy,
+        policy_dir=args.policy_dir,
     )
     return run_stack(stack)
 

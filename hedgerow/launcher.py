@@ -39,6 +39,7 @@ class Stack:
     slots: int = 1
     model_path: Path | None = None
     policy: Path | None = None
+    policy_dir: Path | None = None
 
     @property
     def control_plane_url(self) -> str:
@@ -60,11 +61,15 @@ class Stack:
         gateway = base + ["gateway", "--host", self.host, "--port", str(self.gateway_port),
                           "--control-plane", self.control_plane_url,
                           "--state-dir", str(self.state_dir)]
+        control_plane = base + ["control-plane", "--host", self.host,
+                                "--port", str(self.control_plane_port)]
+        # The policy lives in the control plane; the gateway follows its versions.
         if self.policy:
-            gateway += ["--policy", str(self.policy)]
+            control_plane += ["--policy", str(self.policy)]
+        if self.policy_dir:
+            control_plane += ["--policy-dir", str(self.policy_dir)]
         return {
-            "control-plane": base + ["control-plane", "--host", self.host,
-                                     "--port", str(self.control_plane_port)],
+            "control-plane": control_plane,
             "worker": worker,
             "gateway": gateway,
         }

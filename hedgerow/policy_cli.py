@@ -50,6 +50,41 @@ def add_policy_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
         action.set_defaults(run=_reporting_unreachable(run))
 
 
+def add_status_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    status = commands.add_parser(
+        "status", help="every worker and gateway, and the policy version each gateway runs")
+    status.add_argument("--control-plane", default=os.environ.get(
+        "HEDGEROW_CONTROL_PLANE", DEFAULT_CONTROL_PLANE), help="control plane base URL")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.set_defaults(run=_reporting_unreachable(run_status))
+
+
+def run_status(args: argparse.Namespace) -> int:
+    response = _call(args, "GET", "/v1/status")
+    if response.status_code != 200:
+        return _refused(response)
+    body = response.json()
+    if args.json:
+        print(response.text)
+        return EXIT_OK
+    policy = body.get("policy")
+    if policy:
+        print(f"policy: version {policy['version']} (checksum {policy['checksum'][:12]})")
+    print(f"gateways: {len(body.get('gateways', []))}")
+    for gw in body.get("gateways", []):
+        last = gw["last_answer"]
+        state = "ok" if last["accepted"] else f"REJECTED v{last['version']}: {last['error']}"
+        print(f"  {gw['gateway_id']:<32} runs v{gw['running_version']}  {state}  "
+              f"({gw['seconds_since_answer']}s ago)")
+    print(f"workers: {len(body['workers'])}")
+    for w in body["workers"]:
+        labels = ",".join(f"{k}={v}" for k, v in w["labels"].items())
+        print(f"  {w['worker_id']:<32} {w['kind']:<4} slots {w['slots']} active {w['active']}"
+              f"{'  draining' if w['draining'] else ''}  {' '.join(w['models'])}"
+              f"{'  ' + labels if labels else ''}")
+    return EXIT_OK
+
+
 def run_validate(args: argparse.Namespace) -> int:
     from policies.loader import decode_policy_bytes, parse_policy_document, policy_checksum
     from policies.schema import PolicyError
