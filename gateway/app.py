@@ -26,7 +26,7 @@ from gateway.dispatch import Dispatcher
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics, status_of
 from gateway.page import CHAT_PAGE
 from gateway.relay import RelayOutcome, collect, completion_body, stream_to_client
-from gateway.scheduler import Outcome, Reconfigure, Stats, Submit, Ticket, TicketDone
+from gateway.tickets import Outcome, Reconfigure, Stats, Submit, Ticket, TicketDone
 from hedgerow import openai_api as oa
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import (

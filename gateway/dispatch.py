@@ -24,7 +24,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream as Receiver
 from anyio.streams.memory import MemoryObjectSendStream as Sender
 
 from gateway.attempt import Attempt, UpstreamCall, WorkerRejected, start_attempt
-from gateway.scheduler import (
+from gateway.tickets import (
     AttemptDone,
     FirstToken,
     HedgeDelay,

@@ -29,15 +29,8 @@ import yaml
 from gateway.attempt import Attempt, UpstreamCall, WorkerRejected
 from gateway.dispatch import Dispatcher
 from gateway.relay import RelayOutcome, collect, stream_to_client
-from gateway.scheduler import (
-    Outcome,
-    SchedulerActor,
-    Stats,
-    Submit,
-    Ticket,
-    TicketDone,
-    Withdraw,
-)
+from gateway.scheduler import SchedulerActor
+from gateway.tickets import Outcome, Stats, Submit, Ticket, TicketDone, Withdraw
 from gateway.upstream import WorkerClient
 from hedgerow.actors import ActorRef, Supervisor
 from hedgerow.asgi import Message, Request
