@@ -63,6 +63,33 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     scenario.add_argument("--quick", action="store_true", help="short run (under 3 minutes)")
     scenario.add_argument("--workdir", type=Path, help="keep logs and policies here")
     scenario.set_defaults(run=_run_bench_scenario)
+    run = kinds.add_parser("run", help="drive any OpenAI-compatible URL; last line is JSON")
+    run.add_argument("url", help="base URL, e.g. https://127.0.0.1:8443")
+    run.add_argument("--model", default="smollm2-135m-instruct")
+    run.add_argument("--prompt", default="Say hello in five words.")
+    run.add_argument("--max-tokens", type=int, default=32)
+    run.add_argument("--http", choices=("1.1", "2"), default="1.1")
+    run.add_argument("--cacert", type=Path, help="CA to trust (e.g. .hedgerow/tls/ca.pem)")
+    run.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
+    shape = run.add_mutually_exclusive_group(required=True)
+    shape.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
+    shape.add_argument("--concurrency", type=int, help="closed loop: users back to back")
+    run.add_argument("--duration", type=float, help="seconds of load")
+    run.add_argument("--count", type=int, help="requests in all")
+    run.add_argument("--out", type=Path, help="write summary.json, summary.md, records.json here")
+    run.set_defaults(run=_run_bench_run)
+
+
+def _run_bench_run(args: argparse.Namespace) -> None:
+    import orjson
+
+    from bench.run import RunOptions, run_bench
+
+    summary = run_bench(RunOptions(
+        url=args.url, model=args.model, prompt=args.prompt, max_tokens=args.max_tokens,
+        http_version=args.http, ca_file=args.cacert, api_key=args.api_key, rate=args.rate,
+        concurrency=args.concurrency, duration_s=args.duration, count=args.count, out=args.out))
+    sys.stdout.write(orjson.dumps(summary).decode() + "\n")
 
 
 def _run_bench_scenario(args: argparse.Namespace) -> None:
