@@ -34,6 +34,8 @@ run: $(STAMP)
 	$(VENV)/bin/hedgerow up
 
 test: $(STAMP)
+	# The Redis tests start their own redis-server (never the machine's 6379).
+	command -v redis-server >/dev/null || apt-get install -y -qq redis-server
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 

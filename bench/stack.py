@@ -105,15 +105,32 @@ class Stack:
 
     def start_control_plane(
         self, lease_s: float = 2.0, policy: Path | None = None, policy_dir: Path | None = None,
+        redis_url: str | None = None,
     ) -> Proc:
-        self.control_plane_port = free_port()
-        extra = [*(["--policy", str(policy)] if policy else []),
-                 *(["--policy-dir", str(policy_dir)] if policy_dir else [])]
-        proc = self.spawn("control-plane", "control-plane", "--port",
-                          str(self.control_plane_port), "--lease-s", str(lease_s), *extra)
-        wait_for(lambda: httpx.get(self.control_plane_url + "/healthz").status_code == 200,
-                 "control plane")
+        """Start the control plane the workers and gateways started later use."""
+        proc, url = self.start_control_plane_replica(
+            "control-plane", lease_s=lease_s, policy=policy, policy_dir=policy_dir,
+            redis_url=redis_url)
+        self.control_plane_port = int(url.rsplit(":", 1)[1])
         return proc
+
+    def start_control_plane_replica(
+        self, name: str, lease_s: float = 2.0, policy: Path | None = None,
+        policy_dir: Path | None = None, redis_url: str | None = None,
+    ) -> tuple[Proc, str]:
+        """Start one more control plane (e.g. a replica on the same Redis); its URL."""
+        port = free_port()
+        extra = [*(["--policy", str(policy)] if policy else []),
+                 *(["--policy-dir", str(policy_dir)] if policy_dir else []),
+                 *(["--redis", redis_url] if redis_url else [])]
+        proc = self.spawn(name, "control-plane", "--port", str(port),
+                          "--lease-s", str(lease_s), *extra)
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: httpx.get(url + "/healthz").status_code == 200 or _exited(proc),
+                 name)
+        if _exited(proc):
+            raise RuntimeError(f"{name} exited:\n{proc.log()}")
+        return proc, url
 
     def start_worker(self, worker_id: str, *extra: str) -> Proc:
         proc = self.spawn(worker_id, "worker", "--control-plane", self.control_plane_url,

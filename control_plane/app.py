@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
@@ -14,9 +14,11 @@ import anyio
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from control_plane.admin_auth import AdminGuard
 from control_plane.metrics import ControlPlaneMetrics
 from control_plane.policy_api import PolicyApi
 from control_plane.registry_actor import Beat, Deregister, Register, Snapshot
+from control_plane.upstream_api import UpstreamApi
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import (
     SSE_HEADERS,
@@ -50,6 +52,8 @@ class ControlPlaneApp:
     heartbeat_interval_s: float
     metrics: ControlPlaneMetrics
     policy_api: PolicyApi | None = None  # /v1/policy…: operator policy versions
+    upstream_api: UpstreamApi | None = None  # /v1/upstreams…: probed external servers
+    guard: AdminGuard = field(default_factory=lambda: AdminGuard(None))  # admin token
 
     def __post_init__(self) -> None:
         self.router = Router()
@@ -60,9 +64,11 @@ class ControlPlaneApp:
         self.router.add("POST", "/v1/workers/{worker_id}/heartbeat", self.heartbeat)
         self.router.add("DELETE", "/v1/workers/{worker_id}", self.deregister)
         self.router.add("GET", "/v1/watch", self.watch)
-        self.router.add("GET", "/v1/status", self.status)
+        self.router.add("GET", "/v1/status", self.guard.protect(self.status))
         if self.policy_api is not None:
-            self.policy_api.add_routes(self.router)
+            self.policy_api.add_routes(self.router, self.guard)
+        if self.upstream_api is not None:
+            self.upstream_api.add_routes(self.router, self.guard)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.router.serve(scope, receive, send)
@@ -80,7 +86,7 @@ class ControlPlaneApp:
             {"worker_id": w.registration.worker_id, "kind": w.registration.kind,
              "models": list(w.registration.models), "slots": w.registration.slots,
              "active": w.load.active, "draining": w.load.draining,
-             "labels": w.registration.labels}
+             "labels": w.registration.labels, "external": w.registration.external}
             for w in snapshot.workers]}
         if self.policy_api is not None:
             current = self.policy_api.published.value

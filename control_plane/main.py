@@ -8,11 +8,14 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskStatus
 
+from control_plane.admin_auth import AdminGuard, admin_bind_host
 from control_plane.app import ControlPlaneApp
 from control_plane.metrics import ControlPlaneMetrics
 from control_plane.policy_service import start_policy_service
 from control_plane.registry import Registry
 from control_plane.registry_actor import RegistryActor
+from control_plane.shared_state import close_redis, open_redis, registry_actor_factory
+from control_plane.upstream_api import start_upstream_service
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
 from hedgerow.serving import serve_internal
@@ -33,19 +36,28 @@ async def run_control_plane(
     lease_s: float = DEFAULT_LEASE_S,
     policy_file: Path = DEFAULT_POLICY_PATH,
     policy_dir: Path | None = None,
+    admin_token: str | None = None,
+    redis_url: str | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
+    """``admin_token``: required by the admin API; without one, loopback only."""
+    host = admin_bind_host(host, admin_token)
     # The registry outlives actor restarts: each method leaves it consistent,
     # so a crash in one message must not make every worker re-register.
     registry = Registry(lease_s=lease_s)
     published: LatestValue[RegistrySnapshot] = LatestValue(RegistrySnapshot(version=0))
     metrics = ControlPlaneMetrics(published)
-    async with Supervisor() as supervisor:
-        actor = await supervisor.spawn(lambda: RegistryActor(registry, published, metrics),
-                                       name="registry")
-        policy_api = await start_policy_service(supervisor, policy_file, policy_dir)
+    redis = open_redis(redis_url) if redis_url else None  # None: in-process state
+    async with close_redis(redis), Supervisor() as supervisor:
+        factory = registry_actor_factory(redis, lease_s, published, metrics)
+        if factory is None:
+            factory = lambda: RegistryActor(registry, published, metrics)  # noqa: E731
+        actor = await supervisor.spawn(factory, name="registry")
+        policy_api = await start_policy_service(supervisor, policy_file, policy_dir, redis)
+        upstream_api = await start_upstream_service(supervisor, actor, policy_api.published,
+                                                    lease_s)
         app = ControlPlaneApp(actor, published, lease_s, HEARTBEAT_INTERVAL_S, metrics,
-                              policy_api)
+                              policy_api, upstream_api, AdminGuard(admin_token))
         async with anyio.create_task_group() as tg:
             bound = await tg.start(serve_internal, app, host, port, shutdown)
             log.info("control plane listening on http://%s:%d", host, bound)

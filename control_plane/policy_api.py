@@ -32,6 +32,7 @@ from control_plane.policy_actor import (
     GetPolicyHistory,
     RollbackPolicy,
 )
+from control_plane.admin_auth import AdminGuard
 from control_plane.gateways import GatewayAnswer, GatewayBook
 from control_plane.policy_store import PolicyVersion
 from hedgerow.actors import ActorRef
@@ -58,16 +59,19 @@ class PolicyApi:
     published: LatestValue[PolicyVersion]
     gateways: GatewayBook = field(default_factory=GatewayBook)
 
-    def add_routes(self, router: Router) -> None:
+    def add_routes(self, router: Router, guard: AdminGuard | None = None) -> None:
+        """The operator's routes behind ``guard``'s admin token; the gateways' watch
+        stream and ACK/NACK stay open (gateways hold no admin token)."""
+        admin = (guard or AdminGuard(None)).protect
         # history before {version}: the router takes the first pattern that matches.
-        router.add("GET", "/v1/policy", self.show_current)
-        router.add("POST", "/v1/policy", self.apply)
-        router.add("GET", "/v1/policy/history", self.history)
-        router.add("POST", "/v1/policy/validate", self.validate)
-        router.add("POST", "/v1/policy/rollback/{version}", self.rollback)
+        router.add("GET", "/v1/policy", admin(self.show_current))
+        router.add("POST", "/v1/policy", admin(self.apply))
+        router.add("GET", "/v1/policy/history", admin(self.history))
+        router.add("POST", "/v1/policy/validate", admin(self.validate))
+        router.add("POST", "/v1/policy/rollback/{version}", admin(self.rollback))
         router.add("GET", "/v1/policy/watch", self.watch)
         router.add("POST", "/v1/gateways/{gateway_id}/policy", self.gateway_answer)
-        router.add("GET", "/v1/policy/{version}", self.show_version)
+        router.add("GET", "/v1/policy/{version}", admin(self.show_version))
 
     async def watch(self, request: Request) -> None:
         """SSE: the current version at once, then every new one (whole text)."""

@@ -10,6 +10,7 @@ unchanged instead of being retried.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -88,6 +89,27 @@ def carries_output(event: SseEvent) -> bool:
     return bool(delta.get("content") or choice.get("text") or choice.get("finish_reason"))
 
 
+def external_request(worker: WorkerRecord, call: UpstreamCall) -> tuple[bytes, dict[str, str]]:
+    """The body and extra headers for ``worker``: an external upstream may know the
+    model by another name, and may want a bearer key that this gateway reads from
+    its own environment (the registry only names the variable)."""
+    registration = worker.registration
+    body = call.body
+    upstream_model = registration.upstream_model(call.model)
+    if upstream_model != call.model:
+        data: dict[str, Any] = orjson.loads(body)
+        data["model"] = upstream_model
+        body = orjson.dumps(data)
+    if registration.api_key_env is None:
+        return body, {}
+    key = os.environ.get(registration.api_key_env)
+    if not key:
+        raise UpstreamFailed(f"worker {registration.worker_id} needs a key in "
+                             f"${registration.api_key_env}, which this gateway lacks",
+                             code="upstream_key_missing")
+    return body, {"authorization": f"Bearer {key}"}
+
+
 async def upstream_events(worker_id: str, response: httpx.Response) -> AsyncIterator[SseEvent]:
     parser = SseParser()
     async with aclosing(WorkerClient.chunks(worker_id, response)) as chunks:
@@ -121,7 +143,8 @@ async def _open_until_first_token(
 ) -> Attempt:
     worker_id = worker.registration.worker_id
     url = worker.registration.url.rstrip("/") + call.path
-    response = await workers.open_stream(worker_id, url, call.body, call.request_id)
+    body, headers = external_request(worker, call)
+    response = await workers.open_stream(worker_id, url, body, call.request_id, headers)
     try:
         if response.status_code != 200:
             body = await WorkerClient.read_all(worker_id, response)

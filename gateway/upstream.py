@@ -9,7 +9,7 @@ passed through unchanged.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 
 import httpx
@@ -50,9 +50,11 @@ class WorkerClient:
         await self._client.aclose()
 
     async def open_stream(
-        self, worker_id: str, url: str, body: bytes, request_id: str
+        self, worker_id: str, url: str, body: bytes, request_id: str,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
-        headers = {"content-type": "application/json", "x-request-id": request_id}
+        headers = {"content-type": "application/json", "x-request-id": request_id,
+                   **(extra_headers or {})}
         request = self._client.build_request("POST", url, content=body, headers=headers)
         with map_upstream_errors(worker_id):
             response = await self._client.send(request, stream=True)

@@ -123,6 +123,11 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
     cp.add_argument("--policy", type=Path, help="initial policy YAML (default: the shipped one)")
     cp.add_argument("--policy-dir", type=Path,
                     help="watched directory: a changed *.yaml file there is applied")
+    cp.add_argument("--admin-token-file", type=Path,
+                    help="admin API token (default $HEDGEROW_ADMIN_TOKEN; none: loopback only)")
+    cp.add_argument("--redis", metavar="URL", default=os.environ.get("HEDGEROW_REDIS_URL"),
+                    help="share registry and policy with other replicas through this Redis "
+                         "(redis://host:port/db; default $HEDGEROW_REDIS_URL; none: in-process)")
     cp.set_defaults(run=_run_control_plane)
 
 
@@ -226,14 +231,22 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     from hedgerow.policy_cli import check_startup_policy
     from policies.schema import DEFAULT_POLICY_PATH
 
+    from control_plane.admin_auth import read_admin_token
+
     policy_file = args.policy or DEFAULT_POLICY_PATH
     problem = check_startup_policy(policy_file, args.policy_dir)
     if problem is not None:
         print(f"hedgerow: {problem}", file=sys.stderr)
         return 1
+    try:
+        admin_token = read_admin_token(args.admin_token_file)
+    except (OSError, ValueError) as error:
+        print(f"hedgerow: cannot use the admin token: {error}", file=sys.stderr)
+        return 1
     run_until_signalled(lambda shutdown: run_control_plane(
         args.host, args.port, shutdown, lease_s=args.lease_s,
-        policy_file=policy_file, policy_dir=args.policy_dir))
+        policy_file=policy_file, policy_dir=args.policy_dir, admin_token=admin_token,
+        redis_url=args.redis))
     return 0
 
 

@@ -125,6 +125,14 @@ class NoHealthyWorker(HedgerowError):
     default_code = "no_healthy_worker"
 
 
+class SharedStateUnavailable(HedgerowError):
+    """The control plane's shared store (Redis) cannot be reached right now."""
+
+    status = 503
+    error_type = "service_unavailable"
+    default_code = "shared_state_unavailable"
+
+
 class UpstreamFailed(HedgerowError):
     status = 502
     error_type = "upstream_error"

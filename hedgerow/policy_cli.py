@@ -47,6 +47,7 @@ def add_policy_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
                         (rollback, run_rollback)):
         action.add_argument("--control-plane", default=os.environ.get(
             "HEDGEROW_CONTROL_PLANE", DEFAULT_CONTROL_PLANE), help="admin API base URL")
+        _add_admin_token_option(action)
         action.set_defaults(run=_reporting_unreachable(run))
 
 
@@ -56,6 +57,7 @@ def add_status_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
     status.add_argument("--control-plane", default=os.environ.get(
         "HEDGEROW_CONTROL_PLANE", DEFAULT_CONTROL_PLANE), help="control plane base URL")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    _add_admin_token_option(status)
     status.set_defaults(run=_reporting_unreachable(run_status))
 
 
@@ -80,7 +82,8 @@ def run_status(args: argparse.Namespace) -> int:
     for w in body["workers"]:
         labels = ",".join(f"{k}={v}" for k, v in w["labels"].items())
         print(f"  {w['worker_id']:<32} {w['kind']:<4} slots {w['slots']} active {w['active']}"
-              f"{'  draining' if w['draining'] else ''}  {' '.join(w['models'])}"
+              f"{'  draining' if w['draining'] else ''}{'  external' if w.get('external') else ''}"
+              f"  {' '.join(w['models'])}"
               f"{'  ' + labels if labels else ''}")
     return EXIT_OK
 
@@ -174,14 +177,34 @@ def check_startup_policy(policy_file: Path, policy_dir: Path | None) -> str | No
     return None
 
 
+def _add_admin_token_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--admin-token-file", type=Path,
+                        help="file holding the admin token (default $HEDGEROW_ADMIN_TOKEN)")
+
+
 class _Unreachable(Exception):
+    pass
+
+
+def _admin_headers(args: argparse.Namespace) -> dict[str, str]:
+    from control_plane.admin_auth import read_admin_token
+
+    try:
+        token = read_admin_token(args.admin_token_file)
+    except (OSError, ValueError) as error:
+        raise _BadToken(f"cannot use the admin token: {error}") from None
+    return {} if token is None else {"authorization": f"Bearer {token}"}
+
+
+class _BadToken(Exception):
     pass
 
 
 def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> httpx.Response:
     url = args.control_plane.rstrip("/") + path
+    headers = _admin_headers(args)
     try:
-        return httpx.request(method, url, timeout=REQUEST_TIMEOUT_S, **kwargs)
+        return httpx.request(method, url, timeout=REQUEST_TIMEOUT_S, headers=headers, **kwargs)
     except httpx.HTTPError as error:
         raise _Unreachable(f"cannot reach the control plane at {args.control_plane}: "
                            f"{error or type(error).__name__}") from None
@@ -193,6 +216,8 @@ def _reporting_unreachable(run: Command) -> Command:
             return run(args)
         except _Unreachable as error:
             return _fail(str(error), EXIT_UNREACHABLE)
+        except _BadToken as error:
+            return _fail(str(error), 2)
     return wrapped
 
 
@@ -213,6 +238,8 @@ def _refused(response: httpx.Response, consequence: str = "") -> int:
             print(f"(and {body['omitted']} more problems)")
     else:
         print(f"hedgerow: {message}", file=sys.stderr)
+    if response.status_code == 401:
+        print("hedgerow: set $HEDGEROW_ADMIN_TOKEN or pass --admin-token-file", file=sys.stderr)
     if consequence:
         print(f"hedgerow: {consequence}", file=sys.stderr)
     return EXIT_REFUSED if 400 <= response.status_code < 500 else EXIT_UNREACHABLE

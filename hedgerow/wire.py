@@ -33,6 +33,17 @@ class WorkerRegistration(WireModel):
     models: tuple[str, ...] = Field(min_length=1, max_length=64)
     slots: int = Field(ge=1, le=1024)
     labels: dict[str, str] = Field(default_factory=dict)
+    # External upstreams (an OpenAI-compatible server the control plane probes
+    # instead of heartbeats): client model name → the upstream's own name, and
+    # the NAME of the env var that holds its bearer key. The key itself never
+    # enters the registry: each gateway reads it from its own environment.
+    external: bool = False
+    model_map: dict[str, str] = Field(default_factory=dict)
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    def upstream_model(self, model: str) -> str:
+        """The name to send upstream for a model clients call ``model``."""
+        return self.model_map.get(model, model)
 
 
 class Heartbeat(WireModel):

@@ -179,6 +179,54 @@ class ModelEntry(_Strict):
     aliases: tuple[Name, ...] = ()
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")) or len(value) > 512:
+        raise ValueError("must be an http:// or https:// URL (at most 512 characters)")
+    return value.rstrip("/")
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.fullmatch(value):
+        raise ValueError("must be the NAME of an environment variable holding the key "
+                         "(letters, digits, _), never the key itself")
+    return value
+
+
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError("must start with /")
+    return value
+
+
+class Upstream(_Strict):
+    """An OpenAI-compatible server that sends no heartbeats (llama-server, vLLM,
+    another Hedgerow): the control plane probes it and lists it while healthy."""
+
+    name: Name  # its worker id in the registry
+    url: Annotated[str, AfterValidator(_http_url)]  # base URL; /v1/... is appended
+    models: tuple[Name, ...] = Field(min_length=1, max_length=64)  # as clients name them
+    # Client name → the upstream's own name, where they differ.
+    model_map: dict[Name, Name] = Field(default_factory=dict)
+    slots: int = Field(1, ge=1, le=1024)
+    kind: Literal["cpu", "gpu"] = "cpu"
+    labels: dict[Name, str] = Field(default_factory=dict)
+    # Name of an env var holding the bearer key; each process reads its own.
+    api_key_env: Annotated[str, AfterValidator(_env_name)] | None = None
+    health_path: Annotated[str, AfterValidator(_absolute_path)] = "/v1/models"
+    probe_interval_ms: int = Field(2000, ge=100, le=600_000)
+    probe_timeout_ms: int = Field(1000, ge=10, le=5000)
+
+    @model_validator(mode="after")
+    def _mapped_models_are_served(self) -> Upstream:
+        _raise_violations([
+            (("model_map", name), f"model_map renames {name!r}, which is not in models")
+            for name in self.model_map if name not in self.models])
+        return self
+
+
 class Policy(_Strict):
     limits: Limits = Limits()
     scheduling: Scheduling = Scheduling()
@@ -191,6 +239,7 @@ class Policy(_Strict):
     classes: tuple[PriorityClass, ...] = ()
     tenants: tuple[Tenant, ...] = ()
     models: tuple[ModelEntry, ...] = ()
+    upstreams: tuple[Upstream, ...] = ()
 
     @model_validator(mode="after")
     def _names_unique_and_references_resolve(self) -> Policy:
@@ -198,6 +247,7 @@ class Policy(_Strict):
             *_duplicates("classes", (c.name for c in self.classes), "class"),
             *_duplicates("tenants", (t.name for t in self.tenants), "tenant"),
             *_duplicates("models", (m.name for m in self.models), "model"),
+            *_duplicates("upstreams", (u.name for u in self.upstreams), "upstream"),
             *_dangling_references(self),
             *_shared_api_keys(self.tenants),
             *_shadowing_aliases(self.models),
