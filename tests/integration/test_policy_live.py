@@ -122,3 +122,23 @@ def test_gateway_keeps_serving_while_the_control_plane_is_down_and_resyncs(
     wait_for(lambda: _runs(stack, 1), "the gateway to resync its policy", 10)
     assert _status_with(stack, "sk-old") == 200
     assert restarted.popen.poll() is None
+
+
+def test_invalid_policy_under_load_changes_nothing(stack: Stack) -> None:
+    results: list[str] = []
+    streams = [threading.Thread(target=_stream, args=(stack, "sk-old", results))
+               for _ in range(3)]
+    for thread in streams:
+        thread.start()
+    time.sleep(0.3)
+    broken = policy("sk-new").replace("ttft_slo_ms: 1000", "ttft_slo_ms: soon")
+    response = httpx.post(stack.control_plane_url + "/v1/policy", content=broken)
+    assert response.status_code == 400
+    issue = response.json()["issues"][0]
+    assert issue["path"] == "classes[0].ttft_slo_ms" and issue["line"] > 0
+    assert httpx.get(stack.control_plane_url + "/v1/policy").json()["version"] == 1
+    assert _status_with(stack, "sk-old") == 200 and _status_with(stack, "sk-new") == 401
+    for thread in streams:
+        thread.join(timeout=30)
+    assert results == ["200:True"] * 3
+    assert _runs(stack, 1)
