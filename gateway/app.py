@@ -23,6 +23,7 @@ import orjson
 
 from gateway.attempt import UpstreamCall, WorkerRejected
 from gateway.dispatch import Dispatcher
+from gateway.drain import Drain, InFlight
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics, status_of
 from gateway.page import CHAT_PAGE
 from gateway.relay import RelayOutcome, collect, completion_body, stream_to_client
@@ -38,10 +39,12 @@ from hedgerow.asgi import (
     Send,
     cancel_on_disconnect,
     send_bytes,
+    sse_event,
     send_json,
     send_text,
 )
 from hedgerow.errors import (
+    GatewayDraining,
     InvalidRequest,
     ModelNotFound,
     UnsupportedMediaType,
@@ -65,6 +68,7 @@ class GatewayApp:
     scheduler: ActorRef
     dispatcher: Dispatcher
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    drain: Drain = field(default_factory=Drain)
 
     def __post_init__(self) -> None:
         self.router = Router()
@@ -106,8 +110,10 @@ class GatewayApp:
 
     async def readyz(self, request: Request) -> None:
         live = [w for w in self.directory.value.workers if not w.load.draining]
-        body = {"ready": bool(live), "workers": len(live), "models": list(self._models())}
-        await send_json(request.send, 200 if live else 503, body)
+        ready = bool(live) and not self.drain.draining
+        body = {"ready": ready, "workers": len(live), "models": list(self._models()),
+                "draining": self.drain.draining}
+        await send_json(request.send, 200 if ready else 503, body)
 
     async def prometheus(self, request: Request) -> None:
         stats = await self.scheduler.ask(Stats())
@@ -151,6 +157,8 @@ class GatewayApp:
         observed: RequestMetrics,
     ) -> bool:
         """Serve one completion; False when the client left before it was done."""
+        if self.drain.draining:
+            raise GatewayDraining("this gateway is shutting down; retry", retry_after=1)
         # The policy in force when the request arrived governs it to the end,
         # even if a new version is swapped in meanwhile.
         policy = self.policy
@@ -166,8 +174,12 @@ class GatewayApp:
         ticket = self._ticket(policy, request, identity, parsed, model)
         call = UpstreamCall(ticket.request_id, request.path, _upstream_body(body, model), model)
         chat = isinstance(parsed, oa.ChatCompletionRequest)
-        return await cancel_on_disconnect(
-            request, lambda: self._serve(request, ticket, call, parsed, chat, observed))
+        with self.drain.track() as in_flight:
+            request.send = in_flight.watch(request.send)
+            return await cancel_on_disconnect(
+                request, lambda: self._serve(request, ticket, call, parsed, chat, observed))
+        await _end_cut_request(request, in_flight)
+        return True
 
     def _ticket(self, policy: Policy, request: Request, identity: Identity,
                 parsed: oa.ChatCompletionRequest | oa.CompletionRequest, model: str) -> Ticket:
@@ -307,6 +319,20 @@ def _upstream_body(body: bytes, model: str) -> bytes:
     data["stream"] = True
     data["stream_options"] = {"include_usage": True}
     return orjson.dumps(data)
+
+
+async def _end_cut_request(request: Request, in_flight: InFlight) -> None:
+    """The drain deadline cut this request: end it explicitly, never silently."""
+    draining = GatewayDraining("the gateway shut down before the response was complete",
+                               retry_after=1)
+    if not in_flight.response_started:
+        raise draining
+    if in_flight.response_finished:
+        return
+    event = oa.error_event(draining.message, draining.error_type, draining.code)
+    await request.send({"type": "http.response.body", "body": sse_event(event),
+                        "more_body": True})
+    await request.send({"type": "http.response.body", "body": b""})
 
 
 async def _send_rejection(request: Request, rejected: WorkerRejected, request_id: str) -> None:

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from gateway.app import GatewayApp
 from gateway.dispatch import Dispatcher
+from gateway.drain import Drain
 from gateway.devcert import ensure_dev_certificate
 from gateway.follower import RegistryFollower
 from gateway.policy_follower import PolicyFollower, RunningPolicy
@@ -25,6 +26,12 @@ from policies.loader import policy_checksum
 from policies.schema import DEFAULT_POLICY_PATH, load_policy
 
 log = logging.getLogger("hedgerow.gateway")
+
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+# Hypercorn's graceful timeout outlasts the drain deadline by this much, so the
+# streams cut at the deadline can still write their error events before
+# hypercorn cancels what is left.
+DRAIN_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,8 @@ class GatewayOptions:
     # control plane answers).
     policy_path: Path | None = None
     gateway_id: str | None = None
+    # After SIGTERM, how long in-flight requests may run before they are cut.
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -75,13 +84,26 @@ async def run_gateway(
                 log.info("policy pinned to %s (not following the control plane)",
                          options.policy_path)
             config = build_config(host=options.host, port=options.port,
-                                  certfile=certfile, keyfile=keyfile)
+                                  certfile=certfile, keyfile=keyfile,
+                                  graceful_timeout_s=options.drain_timeout_s + DRAIN_GRACE_S)
             async with anyio.create_task_group() as tg:
-                port = await tg.start(serve, app, config, shutdown.wait)
+
+                async def drain_on_shutdown() -> None:
+                    await shutdown.wait()
+                    await _begin_drain(app.drain, options.drain_timeout_s, tg)
+
+                port = await tg.start(serve, app, config, drain_on_shutdown)
                 log.info("gateway listening on https://%s:%d (h1, h2, h3)", options.host, port)
                 task_status.started(GatewayStarted(port, ca_cert))
     finally:
         await workers.aclose()
+
+
+async def _begin_drain(drain: Drain, timeout_s: float, tg: TaskGroup) -> None:
+    """Refuse new requests and arm the deadline; returning closes the listeners."""
+    drain.begin()
+    log.info("draining: %d request(s) in flight, deadline %.1fs", drain.in_flight, timeout_s)
+    tg.start_soon(drain.cut_after, timeout_s)
 
 
 def _certificate(options: GatewayOptions) -> tuple[Path, Path, Path | None]:

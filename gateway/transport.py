@@ -64,6 +64,21 @@ PORT_PICK_ATTEMPTS = 32
 ALT_SVC_MAX_AGE_S = 3600
 SHUTDOWN_NUDGE_INTERVAL_S = 0.05
 
+# Bounds on what a slow or hostile client can hold (hypercorn 0.18 knobs):
+# - A TCP connection must finish its TLS handshake within this (default 60 s).
+TLS_HANDSHAKE_TIMEOUT_S = 5.0
+# - Idle connections close after this; the timer runs from the handshake until
+#   a request's headers are complete, so a slowloris that trickles its headers
+#   is closed after it too, whatever it still sends.
+KEEP_ALIVE_TIMEOUT_S = 5.0
+# - An HTTP/1.1 request line plus headers larger than this get a 400 and the
+#   connection closes (HTTP/2: the header list limit, checked by h2).
+MAX_HEADER_BYTES = 16 * 1024
+H2_MAX_HEADER_LIST_BYTES = 64 * 1024
+# ``read_timeout`` stays None on purpose: it bounds every read on a connection,
+# including the quiet minutes of a long SSE stream, when an HTTP/1.1 client
+# has nothing to send; it would cut healthy streams.
+
 # One per process, because the hook that feeds it patches a module: every
 # QUIC listener in this process issues and accepts tickets through this store.
 QUIC_SESSION_TICKETS = QuicTicketStore()
@@ -113,6 +128,11 @@ def build_config(
     config.keyfile = str(keyfile)
     config.alpn_protocols = ["h2", "http/1.1"]
     config.graceful_timeout = graceful_timeout_s
+    config.ssl_handshake_timeout = TLS_HANDSHAKE_TIMEOUT_S
+    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
+    config.h11_max_incomplete_size = MAX_HEADER_BYTES
+    config.h2_max_header_list_size = H2_MAX_HEADER_LIST_BYTES
+    config.read_timeout = None
     return config
 
 

@@ -59,7 +59,7 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     bench = commands.add_parser("bench", help="benchmarks (load generator and scenarios)")
     kinds = bench.add_subparsers(dest="bench_command", required=True)
     scenario = kinds.add_parser("scenario", help="run a named scenario; last line is JSON")
-    scenario.add_argument("name", help="overload | stragglers")
+    scenario.add_argument("name", help="overhead | overload | stragglers")
     scenario.add_argument("--quick", action="store_true", help="short run (under 3 minutes)")
     scenario.add_argument("--workdir", type=Path, help="keep logs and policies here")
     scenario.set_defaults(run=_run_bench_scenario)
@@ -68,7 +68,7 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run.add_argument("--model", default="smollm2-135m-instruct")
     run.add_argument("--prompt", default="Say hello in five words.")
     run.add_argument("--max-tokens", type=int, default=32)
-    run.add_argument("--http", choices=("1.1", "2"), default="1.1")
+    run.add_argument("--http", choices=("1.1", "2", "3"), default="1.1")
     run.add_argument("--cacert", type=Path, help="CA to trust (e.g. .hedgerow/tls/ca.pem)")
     run.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
     shape = run.add_mutually_exclusive_group(required=True)
@@ -76,7 +76,7 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     shape.add_argument("--concurrency", type=int, help="closed loop: users back to back")
     run.add_argument("--duration", type=float, help="seconds of load")
     run.add_argument("--count", type=int, help="requests in all")
-    run.add_argument("--out", type=Path, help="write summary.json, summary.md, records.json here")
+    run.add_argument("--out", type=Path, help="write summary.json, summary.md, records.json and PNG plots here")
     run.set_defaults(run=_run_bench_run)
 
 
@@ -149,6 +149,9 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     gw.add_argument("--policy", type=Path,
                     help="pin this local policy YAML (default: follow the control plane's)")
     gw.add_argument("--gateway-id", help="name in `hedgerow status` (default: gw-HOST-PORT)")
+    gw.add_argument("--drain-timeout-s", type=float, default=30.0,
+                    help="on SIGTERM, how long in-flight streams may finish before they "
+                         "are ended with an error event (default 30)")
     gw.set_defaults(run=_run_gateway)
 
 
@@ -257,6 +260,7 @@ def _run_gateway(args: argparse.Namespace) -> None:
         control_plane=args.control_plane, host=args.host, port=args.port,
         state_dir=args.state_dir, certfile=args.certfile, keyfile=args.keyfile,
         policy_path=args.policy, gateway_id=args.gateway_id,
+        drain_timeout_s=args.drain_timeout_s,
     )
     run_until_signalled(lambda shutdown: run_gateway(options, shutdown))
 

@@ -18,6 +18,7 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     ├── AuthenticationFailed            401 authentication_error
     ├── RateLimited                     429 rate_limit_exceeded (Retry-After)
     ├── NoHealthyWorker                 503 service_unavailable (Retry-After)
+    ├── GatewayDraining                 503 service_unavailable (Retry-After)
     ├── UpstreamFailed                  502 upstream_error
     └── RuntimeFault                    500 server_error
         ├── ActorDead
@@ -123,6 +124,14 @@ class NoHealthyWorker(HedgerowError):
     status = 503
     error_type = "service_unavailable"
     default_code = "no_healthy_worker"
+
+
+class GatewayDraining(HedgerowError):
+    """The gateway is shutting down: retry on another one (readiness is 503 already)."""
+
+    status = 503
+    error_type = "service_unavailable"
+    default_code = "gateway_draining"
 
 
 class SharedStateUnavailable(HedgerowError):

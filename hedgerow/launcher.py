@@ -23,7 +23,7 @@ from anyio.abc import Process
 log = logging.getLogger("hedgerow.up")
 
 READY_TIMEOUT_S = 300.0
-STOP_GRACE_S = 15.0
+STOP_GRACE_S = 40.0  # > the gateway's default drain (30 s) + hypercorn's margin
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 30.0
