@@ -30,20 +30,23 @@ Example::
 
 from __future__ import annotations
 
+import os
 import random
-import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import anyio
 import httpx
 import orjson
 
-from bench.records import HEADERS_OF_INTEREST, LoadResult, RequestRecord
+from bench.clients import HttpClients, StreamingResponse, Target, open_stream
+
+__all__ = ["ClosedLoop", "HttpClients", "OpenLoop", "RequestFactory", "RequestSpec", "Target",
+           "http_version_from_env", "poisson_arrivals", "run_load"]
+from bench.h3 import H3Client
+from bench.records import LoadResult, RequestRecord
 from hedgerow.sse import SseOverflow, SseParser
 
 Clock = Callable[[], float]
@@ -62,16 +65,12 @@ class RequestSpec:
 RequestFactory = Callable[[int, random.Random], RequestSpec]
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where to send: base URL, HTTP version, trust, and per-request limits."""
-
-    base_url: str
-    http_version: Literal["1.1", "2"] = "1.1"
-    ca_file: Path | None = None  # e.g. the gateway's dev CA; None: system trust
-    headers: Mapping[str, str] = field(default_factory=dict)  # sent with every request
-    request_timeout_s: float = 60.0  # whole request, from the actual send
-    headers_of_interest: tuple[str, ...] = HEADERS_OF_INTEREST
+def http_version_from_env(default: Literal["1.1", "2"] = "1.1") -> Literal["1.1", "2"]:
+    """``HEDGEROW_BENCH_HTTP`` (``1.1`` or ``2``) for the scenarios' client, else ``default``."""
+    value = os.environ.get("HEDGEROW_BENCH_HTTP", default)
+    if value not in ("1.1", "2"):
+        raise ValueError(f"HEDGEROW_BENCH_HTTP must be 1.1 or 2, not {value!r}")
+    return "2" if value == "2" else "1.1"
 
 
 @dataclass(frozen=True)
@@ -131,62 +130,6 @@ def poisson_arrivals(
             return
         produced += 1
         yield offset
-
-
-class HttpClients:
-    """httpx clients for ``target``, leased one per request in flight.
-
-    HTTP/1.1: each lease gets a client that holds a single keep-alive
-    connection, reused by later leases. httpcore's pool scans all of its
-    connections for every queued request, which with a hundred connections in
-    one pool costs more CPU than the requests themselves and makes the load
-    generator the bottleneck; a hundred one-connection pools cost nothing.
-    HTTP/2: one shared client multiplexes every request (TLS by ALPN, h2c by
-    prior knowledge on ``http://`` URLs).
-    """
-
-    def __init__(self, target: Target) -> None:
-        self.target = target
-        # Built once: loading a CA bundle costs tens of ms, too much for every new client.
-        self._tls = (ssl.create_default_context(cafile=str(target.ca_file)) if target.ca_file
-                     else httpx.create_ssl_context())
-        self._shared: httpx.AsyncClient | None = None  # HTTP/2
-        self._idle: list[httpx.AsyncClient] = []  # HTTP/1.1, most recently used last
-        self._all: list[httpx.AsyncClient] = []
-
-    async def __aenter__(self) -> HttpClients:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    @asynccontextmanager
-    async def lease(self) -> AsyncIterator[httpx.AsyncClient]:
-        if self.target.http_version == "2":
-            self._shared = self._shared or self._new_client(connections=None)
-            yield self._shared
-            return
-        client = self._idle.pop() if self._idle else self._new_client(connections=1)
-        try:
-            yield client
-        finally:
-            self._idle.append(client)
-
-    async def aclose(self) -> None:
-        clients, self._all, self._idle, self._shared = self._all, [], [], None
-        for client in clients:
-            await client.aclose()
-
-    def _new_client(self, *, connections: int | None) -> httpx.AsyncClient:
-        target = self.target
-        http2 = target.http_version == "2"
-        client = httpx.AsyncClient(
-            base_url=target.base_url, http1=not http2, http2=http2, verify=self._tls,
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
-            timeout=httpx.Timeout(target.request_timeout_s), headers=dict(target.headers),
-        )
-        self._all.append(client)
-        return client
 
 
 async def run_load(
@@ -281,17 +224,15 @@ class _Runner:
                     await _exchange(client, self.target, spec, record, intended, self.clock)
         except (TimeoutError, httpx.TimeoutException) as error:
             record.fail("timeout", type(error).__name__)
-        except httpx.TransportError as error:
+        except (httpx.TransportError, ConnectionError) as error:  # H3Error is a ConnectionError
             record.fail("transport", type(error).__name__)
         finally:
             record.e2e_s = self.clock() - intended
 
 
-async def _exchange(client: httpx.AsyncClient, target: Target, spec: RequestSpec,
+async def _exchange(client: httpx.AsyncClient | H3Client, target: Target, spec: RequestSpec,
                     record: RequestRecord, intended: float, clock: Clock) -> None:
-    body = orjson.dumps(spec.body)
-    headers = {"content-type": "application/json", **spec.headers}
-    async with client.stream("POST", spec.path, content=body, headers=headers) as response:
+    async with open_stream(client, spec.path, spec.body, spec.headers) as response:
         record.status = response.status_code
         record.http_version = response.http_version
         record.headers = {name: response.headers[name]
@@ -305,7 +246,7 @@ async def _exchange(client: httpx.AsyncClient, target: Target, spec: RequestSpec
             record.ttft_s = clock() - intended
 
 
-async def _read_stream(response: httpx.Response, record: RequestRecord,
+async def _read_stream(response: StreamingResponse, record: RequestRecord,
                        intended: float, clock: Clock) -> None:
     parser = SseParser()
     last_token_at: float | None = None

@@ -2,8 +2,9 @@
 
 Open loop (``--rate`` Poisson arrivals/s, latency from the intended send time)
 or closed loop (``--concurrency`` users back to back). Writes the summary as
-JSON (also printed as the last line), a markdown table, and the per-request
-records, into ``--out``.
+JSON (also printed as the last line), a markdown table, the per-request
+records, and PNG plots (TTFT and end-to-end latency: CDF and over time, per
+request tag) into ``--out``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import anyio
 import orjson
 
 from bench.loadgen import ClosedLoop, OpenLoop, RequestSpec, Target, run_load
+from bench.records import LoadResult
 
 PERCENTILE_KEYS = ("p50", "p95", "p99", "p999")
 
@@ -28,7 +30,7 @@ class RunOptions:
     model: str
     prompt: str
     max_tokens: int
-    http_version: Literal["1.1", "2"]
+    http_version: Literal["1.1", "2", "3"]
     ca_file: Path | None
     api_key: str | None
     rate: float | None
@@ -71,7 +73,22 @@ def run_bench(options: RunOptions) -> dict[str, Any]:
         (options.out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         (options.out / "records.json").write_bytes(orjson.dumps(result.record_dicts()))
         (options.out / "summary.md").write_text(markdown(summary))
+        write_plots(result, options.out)
     return summary
+
+
+def write_plots(result: LoadResult, out: Path) -> list[Path]:
+    """``ttft_*.png`` and ``e2e_*.png`` (CDF, over time) of ``result``, one series per tag."""
+    from bench.plots import write_latency_plots  # matplotlib: only when plots are asked for
+
+    tags = sorted({record.tag for record in result.records})
+    ttft = {tag: [(r.intended_s, r.ttft_s) for r in result.records
+                  if r.tag == tag and r.ttft_s is not None] for tag in tags}
+    e2e = {tag: [(r.intended_s, r.e2e_s) for r in result.records
+                 if r.tag == tag and r.ok and r.e2e_s is not None] for tag in tags}
+    title = f"{result.load.get('mode', '')} loop"
+    return [*write_latency_plots(out, ttft, title=title, metric="TTFT", prefix="ttft"),
+            *write_latency_plots(out, e2e, title=title, metric="end-to-end", prefix="e2e")]
 
 
 def markdown(summary: dict[str, Any]) -> str:

@@ -3,18 +3,21 @@
 ``overload``    mixed interactive/batch traffic at about twice capacity, run
                 twice side by side: EDF + admission, then plain FIFO with no
                 admission. Shows SLO attainment, what was shed and how fast.
+``overhead``    a fixed-latency worker measured directly, through Hedgerow
+                and through nginx in interleaved rounds (see ``bench.overhead``).
 ``stragglers``  2% of requests ten times slower, hedging on and off. Shows
                 TTFT percentiles and the extra worker requests hedging cost.
 
-Both run simulated workers (a latency model, ``--backend sim``): the point
-is the gateway's scheduling, measured with open-loop Poisson load whose
-latencies count from the intended send time.
+All run simulated workers (a latency model, ``--backend sim``). ``overload``
+and ``stragglers`` measure the gateway's scheduling with open-loop Poisson
+load whose latencies count from the intended send time. Each scenario writes
+PNG plots (latency CDFs, latency over time) next to its process logs in the
+working directory (``--workdir`` keeps them).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import logging
 import random
 import tempfile
@@ -27,7 +30,8 @@ from typing import Any
 import anyio
 import httpx
 
-from bench.loadgen import OpenLoop, RequestSpec, Target, run_load
+from bench.loadgen import OpenLoop, RequestSpec, Target, http_version_from_env, run_load
+from bench.overhead import overhead
 from bench.records import LoadResult, RequestRecord
 from bench.stack import Stack
 from bench.stats import fraction_at_most, percentile
@@ -92,10 +96,17 @@ def worker_generations(stack: Stack) -> int:
 
 def measure(stack: Stack, rate: float, duration_s: float,
             factory: Callable[[int, random.Random], RequestSpec], seed: int) -> LoadResult:
-    target = Target(stack.gateway_url, http_version=os.environ.get("HEDGEROW_BENCH_HTTP", "1.1"), ca_file=stack.ca_cert,
+    target = Target(stack.gateway_url, http_version=http_version_from_env(), ca_file=stack.ca_cert,
                     request_timeout_s=120.0)
     load = OpenLoop(rate_per_s=rate, duration_s=duration_s, max_in_flight=4000)
     return anyio.run(lambda: run_load(target, load, factory, seed=seed))
+
+
+def write_plots(result: LoadResult, out: Path) -> None:
+    """TTFT and end-to-end PNGs (CDF, over time) per request tag, next to the run's logs."""
+    from bench.run import write_plots as write_run_plots  # matplotlib: only when a scenario runs
+
+    write_run_plots(result, out)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -190,6 +201,7 @@ def overload(quick: bool, workdir: Path) -> dict[str, Any]:
     for mode in ("edf", "fifo"):
         with running_stack(workdir / f"overload-{mode}", overload_policy(mode), workers) as stack:
             result = measure(stack, rate, duration, mixed_factory(0.3, 10), seed=11)
+        write_plots(result, workdir / f"overload-{mode}")
         results[mode] = overload_summary(result)
     return results
 
@@ -242,6 +254,7 @@ def stragglers(quick: bool, workdir: Path) -> dict[str, Any]:
             before = worker_generations(stack)
             result = measure(stack, rate, duration, single_factory(10), seed=23)
             extra = worker_generations(stack) - before - len(result.records)
+        write_plots(result, workdir / f"stragglers-{mode}")
         ttfts = [r.ttft_s for r in result.records if r.ok and r.ttft_s is not None]
         hedged = sum(1 for r in result.records if r.headers.get("x-hedgerow-hedged") == "1")
         results[mode] = {
@@ -257,6 +270,7 @@ def stragglers(quick: bool, workdir: Path) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, Callable[[bool, Path], dict[str, Any]]] = {
+    "overhead": overhead,
     "overload": overload,
     "stragglers": stragglers,
 }

@@ -71,6 +71,7 @@ TLS_HANDSHAKE_TIMEOUT_S = 5.0
 #   a request's headers are complete, so a slowloris that trickles its headers
 #   is closed after it too, whatever it still sends.
 KEEP_ALIVE_TIMEOUT_S = 5.0
+MAX_REQUESTS_PER_CONNECTION = 1_000_000
 # - An HTTP/1.1 request line plus headers larger than this get a 400 and the
 #   connection closes (HTTP/2: the header list limit, checked by h2).
 MAX_HEADER_BYTES = 16 * 1024
@@ -130,6 +131,9 @@ def build_config(
     config.graceful_timeout = graceful_timeout_s
     config.ssl_handshake_timeout = TLS_HANDSHAKE_TIMEOUT_S
     config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
+    # Hypercorn closes a connection after 1000 requests by default, which drops
+    # every other stream multiplexed on an HTTP/2 connection with it.
+    config.keep_alive_max_requests = MAX_REQUESTS_PER_CONNECTION
     config.h11_max_incomplete_size = MAX_HEADER_BYTES
     config.h2_max_header_list_size = H2_MAX_HEADER_LIST_BYTES
     config.read_timeout = None

@@ -1,0 +1,258 @@
+"""Scenario ``overhead``: what Hedgerow adds to a request, next to nginx and to nothing.
+
+One simulated worker with a fixed latency (no jitter) is measured three ways
+in the same run: ``direct`` (the worker's own URL, plain HTTP/1.1),
+``hedgerow`` (through the gateway, TLS) and ``nginx`` (through nginx, TLS,
+configured by ``bench.nginx``). Each concurrency level (closed loop: N streams
+back to back) runs in rounds, and every round measures all three targets one
+after another, rotating which goes first, so drift on this shared machine
+hits all three alike. Before each measured run, an unmeasured warm-up of one
+request per stream (re)opens the connections: the servers close idle ones
+after different keep-alive timeouts, and a reconnect's handshake is not what
+is being compared.
+
+Reported: TTFT p50/p99 per target at the highest concurrency (and per level
+under ``by_streams``), each proxy's added latency (target minus direct), the
+CPU each proxy's processes spent per request from the kernel's accounting
+(``bench.procstat``: utime + stime deltas over the measured rounds only), the
+load generator's own CPU per request for each target (``client_cpu_ms_per_request``:
+when it nears the machine's capacity, the client is part of what is measured),
+and the gateway's resident memory.
+
+The client speaks HTTP/1.1 to every target by default: on this 2-core machine
+httpx's HTTP/2 client itself adds hundreds of milliseconds at 100 streams,
+which would swamp what is being measured. ``HEDGEROW_BENCH_HTTP=2`` uses
+HTTP/2 for the two TLS proxies; the output's ``client_http`` says which.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from bench.loadgen import (ClosedLoop, HttpClients, RequestSpec, Target, http_version_from_env,
+                           run_load)
+from bench.nginx import nginx_binary, start_nginx
+from bench.procstat import cpu_seconds, own_cpu_seconds, rss_mb
+from bench.records import RequestRecord
+from bench.stack import Stack
+from bench.stats import percentile, tally
+
+MODEL = "smollm2-135m-instruct"
+TARGETS: tuple[str, ...] = ("direct", "hedgerow", "nginx")
+PROXIES: tuple[str, ...] = ("hedgerow", "nginx")
+PROMPT = "Repeat after me: the hedge is green and tall."
+
+
+@dataclass(frozen=True)
+class OverheadPlan:
+    """How much to measure: per concurrency level, requests per target per round."""
+
+    rounds: int
+    levels: tuple[tuple[int, int], ...]  # (concurrent streams, requests per target per round)
+    max_tokens: int = 8
+    prefill_ms_per_token: float = 0.2
+    decode_ms_per_token: float = 2.0
+
+    @property
+    def top_concurrency(self) -> int:
+        return max(concurrency for concurrency, _ in self.levels)
+
+
+QUICK = OverheadPlan(rounds=3, levels=((1, 40), (100, 800)))
+FULL = OverheadPlan(rounds=6, levels=((1, 100), (100, 2000)))
+
+
+def overhead_policy() -> str:
+    """Anonymous traffic, limits far above the load, no hedging: only the gateway's path."""
+    return f"""
+scheduling: {{max_queue: 20000, slo_admission: false, order: edf, prefill_ms_per_token: 0.2}}
+timeouts: {{connect_ms: 2000, ttft_ms: 60000, idle_ms: 60000}}
+hedging: {{enabled: false}}
+anonymous_tenant: local
+classes:
+  - {{name: interactive, ttft_slo_ms: 1000, deadline_ms: 60000, hedge: false}}
+tenants:
+  - name: local
+    class: interactive
+    limits: {{requests_per_s: 100000, requests_burst: 100000, tokens_per_min: 1000000000,
+              tokens_burst: 100000000, max_concurrency: 100000}}
+models:
+  - name: {MODEL}
+"""
+
+
+@dataclass
+class Measured:
+    """One target at one concurrency level, summed over the rounds."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    cpu_s: float = 0.0  # the proxy's processes (none for direct)
+    client_cpu_s: float = 0.0  # this process: the load generator
+    started_at_s: list[float] = field(default_factory=list)  # each record's send, since the scenario began
+
+
+def overhead(quick: bool, workdir: Path) -> dict[str, Any]:
+    return measure_overhead(workdir, QUICK if quick else FULL)
+
+
+def measure_overhead(workdir: Path, plan: OverheadPlan) -> dict[str, Any]:
+    """Start worker, gateway and nginx under ``workdir``, measure ``plan``, summarise."""
+    nginx_binary()  # fail before starting anything if nginx is missing
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "policy.yaml").write_text(overhead_policy())
+    stack = Stack(workdir)
+    try:
+        stack.start_control_plane()
+        worker_url = _start_fixed_worker(stack, plan)
+        gateway = stack.start_gateway("--policy", str(workdir / "policy.yaml"))
+        tls_dir = workdir / "state" / "tls"
+        nginx, nginx_url = start_nginx(workdir / "nginx", worker_url.removeprefix("http://"),
+                                       tls_dir / "cert.pem", tls_dir / "key.pem")
+        stack.procs.append(nginx)
+        http = http_version_from_env()
+        targets = {"direct": Target(worker_url, request_timeout_s=120.0),
+                   "hedgerow": Target(stack.gateway_url, http, stack.ca_cert, request_timeout_s=120.0),
+                   "nginx": Target(nginx_url, http, stack.ca_cert, request_timeout_s=120.0)}
+        pids = {"hedgerow": gateway.popen.pid, "nginx": nginx.popen.pid}
+        measured = anyio.run(_measure_all, targets, pids, plan)
+        summary = summarize_overhead(measured, plan, http)
+        summary["hedgerow_rss_mb"] = round(rss_mb(gateway.popen.pid), 1)
+    finally:
+        stack.stop_all()
+    from bench.plots import write_latency_plots  # matplotlib: loaded only when a scenario runs
+
+    write_latency_plots(workdir, _plot_groups(measured), title="overhead: TTFT", metric="TTFT")
+    return summary
+
+
+def _start_fixed_worker(stack: Stack, plan: OverheadPlan) -> str:
+    slots = 2 * plan.top_concurrency + 8  # never queue inside the worker
+    stack.start_worker("sim-fixed", "--backend", "sim", "--slots", str(slots),
+                       "--sim-prefill-ms-per-token", str(plan.prefill_ms_per_token),
+                       "--sim-decode-ms-per-token", str(plan.decode_ms_per_token),
+                       "--sim-jitter", "0", "--sim-seed", "1")
+    record = stack.worker("sim-fixed")
+    assert record is not None, "the worker registered but is not listed"
+    return str(record["registration"]["url"]).rstrip("/")
+
+
+def unique_prompt_factory(max_tokens: int) -> Callable[[int, random.Random], RequestSpec]:
+    """Streaming chats whose prompts never repeat (so no cache can answer one)."""
+    serial = itertools.count()
+
+    def factory(index: int, rng: random.Random) -> RequestSpec:
+        body = {"model": MODEL, "stream": True, "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": f"{PROMPT} #{next(serial):07d}"}]}
+        return RequestSpec("chat", body)
+    return factory
+
+
+MeasuredByLevel = dict[int, dict[str, Measured]]
+
+
+async def _measure_all(targets: Mapping[str, Target], pids: Mapping[str, int],
+                       plan: OverheadPlan) -> MeasuredByLevel:
+    factory = unique_prompt_factory(plan.max_tokens)
+    measured: MeasuredByLevel = {}
+    began = anyio.current_time()
+    async with AsyncExitStack() as exits:
+        clients = {name: await exits.enter_async_context(HttpClients(target))
+                   for name, target in targets.items()}
+        for concurrency, per_round in plan.levels:
+            level = measured[concurrency] = {name: Measured() for name in targets}
+            for round_index in range(plan.rounds):
+                for name in _rotated(list(targets), round_index):
+                    # Unmeasured warm-up: servers close idle keep-alive connections at
+                    # different times (Hypercorn after 5 s), so reopen them all first.
+                    await run_load(targets[name], ClosedLoop(concurrency, count=concurrency),
+                                   factory, clients=clients[name])
+                    pid = pids.get(name)
+                    cpu_before = cpu_seconds(pid) if pid else 0.0
+                    client_before = own_cpu_seconds(os.getpid())
+                    offset = anyio.current_time() - began
+                    result = await run_load(targets[name], ClosedLoop(concurrency, count=per_round),
+                                            factory, seed=round_index, clients=clients[name])
+                    level[name].cpu_s += (cpu_seconds(pid) - cpu_before) if pid else 0.0
+                    level[name].client_cpu_s += own_cpu_seconds(os.getpid()) - client_before
+                    level[name].records.extend(result.records)
+                    level[name].started_at_s.extend(offset + r.intended_s for r in result.records)
+    return measured
+
+
+def _rotated(names: list[str], shift: int) -> list[str]:
+    shift %= len(names)
+    return names[shift:] + names[:shift]
+
+
+def summarize_overhead(measured: MeasuredByLevel, plan: OverheadPlan,
+                       client_http: str) -> dict[str, Any]:
+    """The scenario's JSON: the top level at the highest concurrency, every level under ``by_streams``."""
+    by_streams = {str(concurrency): summarize_level(level) for concurrency, level in measured.items()}
+    top = by_streams[str(plan.top_concurrency)]
+    cpu = {proxy: sum(level[proxy].cpu_s for level in measured.values()) for proxy in PROXIES}
+    requests = {proxy: sum(len(level[proxy].records) for level in measured.values())
+                for proxy in PROXIES}
+    return {
+        **top,
+        "streams": plan.top_concurrency,
+        "by_streams": by_streams,
+        **{f"{proxy}_cpu_ms_per_request": round(1000 * cpu[proxy] / max(1, requests[proxy]), 3)
+           for proxy in PROXIES},
+        "client_http": client_http,
+        "rounds": plan.rounds,
+        "worker_latency": {"prefill_ms_per_token": plan.prefill_ms_per_token,
+                           "decode_ms_per_token": plan.decode_ms_per_token,
+                           "max_tokens": plan.max_tokens, "jitter": 0},
+    }
+
+
+def summarize_level(level: Mapping[str, Measured]) -> dict[str, Any]:
+    """Per-target TTFT percentiles and each proxy's added latency, for one concurrency level."""
+    per_target = {name: _target_summary(m) for name, m in level.items()}
+    summary: dict[str, Any] = dict(per_target)
+    direct = per_target["direct"]
+    for proxy in PROXIES:
+        for q in ("p50", "p99"):
+            summary[f"{proxy}_added_{q}_ms"] = _difference(per_target[proxy][f"ttft_{q}_ms"],
+                                                           direct[f"ttft_{q}_ms"])
+        requests = len(level[proxy].records)
+        summary[f"{proxy}_cpu_ms_per_request"] = round(1000 * level[proxy].cpu_s / max(1, requests), 3)
+    return summary
+
+
+def _target_summary(measured: Measured) -> dict[str, Any]:
+    ttfts = sorted(r.ttft_s for r in measured.records if r.ok and r.ttft_s is not None)
+    failed = [r for r in measured.records if not r.ok]
+    return {
+        "requests": len(measured.records),
+        "ok": len(measured.records) - len(failed),
+        "errors": len(failed),
+        "error_kinds": tally(f"{r.error}:{r.error_detail}" for r in failed),
+        "client_cpu_ms_per_request": round(1000 * measured.client_cpu_s
+                                           / max(1, len(measured.records)), 3),
+        "ttft_p50_ms": _ms(percentile(ttfts, 50)) if ttfts else None,
+        "ttft_p99_ms": _ms(percentile(ttfts, 99)) if ttfts else None,
+    }
+
+
+def _difference(value: float | None, baseline: float | None) -> float | None:
+    return None if value is None or baseline is None else round(value - baseline, 3)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def _plot_groups(measured: MeasuredByLevel) -> dict[str, list[tuple[float, float]]]:
+    return {f"{name} @{concurrency}": [(at, r.ttft_s) for at, r in zip(m.started_at_s, m.records)
+                                       if r.ok and r.ttft_s is not None]
+            for concurrency, level in measured.items() for name, m in level.items()}
