@@ -15,6 +15,9 @@ LLAMA_VERSION := 0.3.36
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 WHEELHOUSE ?= $(HOME)/.cache/hedgerow/wheels/llama-cpp-python-$(LLAMA_VERSION)-cpu-avx2
 
+# Debian packages the tests need; a fresh machine may have no package lists yet.
+APT_INSTALL = sh -c 'apt-get install -y -qq "$$0" || { apt-get update -qq && apt-get install -y -qq "$$0"; }'
+
 .PHONY: run test test-fast clean
 
 $(STAMP): pyproject.toml
@@ -35,7 +38,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	# The Redis tests start their own redis-server (never the machine's 6379).
-	command -v redis-server >/dev/null || apt-get install -y -qq redis-server
+	command -v redis-server >/dev/null || $(APT_INSTALL) redis-server
+	# The overhead benchmark (and its test) compares against nginx.
+	command -v nginx >/dev/null || $(APT_INSTALL) nginx
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
