@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Generic, Iterable, Literal, Protocol, TypeVar
+from typing import Generic, Iterable, Literal, Protocol, Self, TypeVar
 
 import anyio
 
@@ -125,6 +125,24 @@ class GenerationStream(Protocol):
     async def __aenter__(self) -> GenerationStream: ...
 
     async def __aexit__(self, *exc_info: object) -> None: ...
+
+
+class GenerationStreamBase:
+    """The plumbing every generation stream shares: it is its own async
+    iterator, and leaving ``async with`` closes it. Subclasses define
+    ``__anext__`` and ``aclose``."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
 
 
 class Backend(Protocol):

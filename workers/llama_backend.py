@@ -34,6 +34,7 @@ import llama_cpp
 from hedgerow.errors import InvalidRequest, ModelUnavailable, RuntimeFault
 from workers.backend import (
     BackendLoad,
+    GenerationStreamBase,
     DecodeRateMeter,
     Finished,
     FinishReason,
@@ -148,7 +149,7 @@ class LlamaBackend:
         self._cancelled_total += cancelled
 
 
-class LlamaGeneration:
+class LlamaGeneration(GenerationStreamBase):
     """One generation (a ``GenerationStream``): takes a slot on the first read, gives it back on close."""
 
     def __init__(
@@ -175,15 +176,6 @@ class LlamaGeneration:
         self._cut_short = False  # Finished was "cancelled": closed from another task mid-read
         self._closed = False
         self._reported_tokens = 0
-
-    async def __aenter__(self) -> LlamaGeneration:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    def __aiter__(self) -> LlamaGeneration:
-        return self
 
     async def __anext__(self) -> GenerationEvent:
         if self._ended or self._closed:

@@ -50,6 +50,7 @@ import anyio
 from hedgerow.errors import RuntimeFault
 from workers.backend import (
     BackendLoad,
+    GenerationStreamBase,
     DecodeRateMeter,
     Finished,
     FinishReason,
@@ -196,7 +197,7 @@ class SimBackend:
         self._cancelled_total += cancelled
 
 
-class SimGeneration:
+class SimGeneration(GenerationStreamBase):
     """One simulated generation (a ``GenerationStream``)."""
 
     def __init__(
@@ -221,15 +222,6 @@ class SimGeneration:
         self._produced = 0
         self._ended = False  # Finished was returned, or the generation failed
         self._closed = False
-
-    async def __aenter__(self) -> SimGeneration:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    def __aiter__(self) -> SimGeneration:
-        return self
 
     async def __anext__(self) -> GenerationEvent:
         if self._ended or self._closed:
