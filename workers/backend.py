@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Iterable, Literal, Protocol, Self, TypeVar
+from typing import Any, Generic, Iterable, Literal, Protocol, Self, TypeVar
 
 import anyio
 
@@ -182,6 +183,37 @@ class DecodeRateMeter:
         oldest = math.floor((now - self._window_s) / self._bucket_s)
         while self._buckets and self._buckets[0][0] <= oldest:
             self._buckets.popleft()
+
+
+class GenerationCounters:
+    """What every backend counts for ``load()``: tokens (and their recent
+    rate), generations ended, and how many of those were cancelled."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._meter = DecodeRateMeter()
+        self.generations_total = 0
+        self.cancelled_total = 0
+        self.tokens_generated_total = 0
+
+    def record_tokens(self, count: int = 1) -> None:
+        self.tokens_generated_total += count
+        self._meter.record(self._clock(), count)
+
+    def record_end(self, cancelled: bool) -> None:
+        self.generations_total += 1
+        self.cancelled_total += cancelled
+
+    def load(self, slots: int, pool: SlotPool[Any]) -> BackendLoad:
+        return BackendLoad(
+            slots=slots,
+            active=pool.in_use,
+            queued=pool.waiting,
+            tokens_per_s=self._meter.rate(self._clock()),
+            generations_total=self.generations_total,
+            cancelled_total=self.cancelled_total,
+            tokens_generated_total=self.tokens_generated_total,
+        )
 
 
 class SlotPool(Generic[SlotT]):

@@ -35,7 +35,7 @@ from hedgerow.errors import InvalidRequest, ModelUnavailable, RuntimeFault
 from workers.backend import (
     BackendLoad,
     GenerationStreamBase,
-    DecodeRateMeter,
+    GenerationCounters,
     Finished,
     FinishReason,
     GenerationEvent,
@@ -115,38 +115,19 @@ class LlamaBackend:
         threads = n_threads or default_threads_per_slot(slots)
         self._llamas = [_load_llama(model_path, n_ctx, n_gpu_layers, threads) for _ in range(slots)]
         self._pool: SlotPool[_MeteredLlama] = SlotPool(self._llamas)
-        self._meter = DecodeRateMeter()
-        self._clock = clock
-        self._generations_total = 0
-        self._cancelled_total = 0
-        self._tokens_generated_total = 0
+        self._counters = GenerationCounters(clock)
 
     def generate(self, request: GenerationRequest) -> LlamaGeneration:
-        return LlamaGeneration(request, self._pool, self.n_ctx, self._record_tokens, self._record_end)
+        return LlamaGeneration(request, self._pool, self.n_ctx,
+                               self._counters.record_tokens, self._counters.record_end)
 
     def load(self) -> BackendLoad:
-        return BackendLoad(
-            slots=self.slots,
-            active=self._pool.in_use,
-            queued=self._pool.waiting,
-            tokens_per_s=self._meter.rate(self._clock()),
-            generations_total=self._generations_total,
-            cancelled_total=self._cancelled_total,
-            tokens_generated_total=self._tokens_generated_total,
-        )
+        return self._counters.load(self.slots, self._pool)
 
     def close(self) -> None:
         """Free the models; call only once no generation is running."""
         for llama in self._llamas:
             llama.close()
-
-    def _record_tokens(self, count: int) -> None:
-        self._tokens_generated_total += count
-        self._meter.record(self._clock(), count)
-
-    def _record_end(self, cancelled: bool) -> None:
-        self._generations_total += 1
-        self._cancelled_total += cancelled
 
 
 class LlamaGeneration(GenerationStreamBase):

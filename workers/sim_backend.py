@@ -51,7 +51,7 @@ from hedgerow.errors import RuntimeFault
 from workers.backend import (
     BackendLoad,
     GenerationStreamBase,
-    DecodeRateMeter,
+    GenerationCounters,
     Finished,
     FinishReason,
     GenerationEvent,
@@ -164,37 +164,17 @@ class SimBackend:
         self.latency = latency
         self._rng = random.Random(rng_seed)
         self._sleep = sleep
-        self._clock = clock
+        self._counters = GenerationCounters(clock)
         self._pool: SlotPool[int] = SlotPool(range(slots))
-        self._meter = DecodeRateMeter()
-        self._generations_total = 0
-        self._cancelled_total = 0
-        self._tokens_generated_total = 0
 
     def generate(self, request: GenerationRequest) -> SimGeneration:
         rng = random.Random(self._rng.getrandbits(64))
         fate = draw_fate(request, self.latency, rng)
         return SimGeneration(fate, self.latency, rng, self._pool, self._sleep,
-                             self._record_token, self._record_end)
+                             self._counters.record_tokens, self._counters.record_end)
 
     def load(self) -> BackendLoad:
-        return BackendLoad(
-            slots=self.slots,
-            active=self._pool.in_use,
-            queued=self._pool.waiting,
-            tokens_per_s=self._meter.rate(self._clock()),
-            generations_total=self._generations_total,
-            cancelled_total=self._cancelled_total,
-            tokens_generated_total=self._tokens_generated_total,
-        )
-
-    def _record_token(self) -> None:
-        self._tokens_generated_total += 1
-        self._meter.record(self._clock())
-
-    def _record_end(self, cancelled: bool) -> None:
-        self._generations_total += 1
-        self._cancelled_total += cancelled
+        return self._counters.load(self.slots, self._pool)
 
 
 class SimGeneration(GenerationStreamBase):
