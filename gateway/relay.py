@@ -34,8 +34,11 @@ class RelayOutcome:
     failed: bool = False
     completion_tokens: int = 0
     prompt_tokens: int = 0
-    text: list[str] = field(default_factory=list)
     finish_reason: str = "stop"
+    pieces: int = 0  # chunks that carried generated text
+    # Only a non-streaming client needs the text itself; a stream never keeps it.
+    keep_text: bool = False
+    text: list[str] = field(default_factory=list)
 
     @property
     def total_tokens(self) -> int:
@@ -54,7 +57,9 @@ def _observe(outcome: RelayOutcome, chunk: dict[str, Any]) -> bool:
     choice = choices[0]
     piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
     if piece:
-        outcome.text.append(piece)
+        outcome.pieces += 1
+        if outcome.keep_text:
+            outcome.text.append(piece)
     if choice.get("finish_reason"):
         outcome.finish_reason = choice["finish_reason"]
     return False
@@ -107,14 +112,14 @@ async def stream_to_client(
 
 async def _relay(request: Request, event: SseEvent, outcome: RelayOutcome,
                  include_usage: bool, observer: RelayObserver | None, received: float) -> None:
-    pieces = len(outcome.text)
+    pieces = outcome.pieces
     if event.data == "[DONE]":
         outcome.complete = True
     elif _relay_skips(outcome, event, include_usage):
         return
     await request.send({"type": "http.response.body", "body": event.raw, "more_body": True})
     if observer is not None:
-        observer.relayed(received, time.monotonic(), len(outcome.text) > pieces)
+        observer.relayed(received, time.monotonic(), outcome.pieces > pieces)
 
 
 def _relay_skips(outcome: RelayOutcome, event: SseEvent, include_usage: bool) -> bool:
@@ -136,7 +141,7 @@ async def _send_error_event(request: Request, message: str, code: str) -> None:
 
 async def collect(attempt: Attempt) -> RelayOutcome:
     """Read the whole stream for a non-streaming client."""
-    outcome = RelayOutcome()
+    outcome = RelayOutcome(keep_text=True)
     async for event in _all_events(attempt):
         if event.data == "[DONE]":
             outcome.complete = True
