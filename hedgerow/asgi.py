@@ -219,28 +219,15 @@ async def stream_until_disconnect(
     Returns True when the stream completed, False when the client disconnected
     (the chunk iterator is then cancelled, which cancels its upstream work).
     """
-    completed = False
-    async with anyio.create_task_group() as tg:
 
-        async def pump() -> None:
-            nonlocal completed
-            await request.send({"type": "http.response.start", "status": status, "headers": headers})
-            async with aclosing(chunks):
-                async for chunk in chunks:
-                    await request.send(
-                        {"type": "http.response.body", "body": chunk, "more_body": True}
-                    )
-            await request.send({"type": "http.response.body", "body": b""})
-            completed = True
-            tg.cancel_scope.cancel()
+    async def pump() -> None:
+        await request.send({"type": "http.response.start", "status": status, "headers": headers})
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                await request.send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await request.send({"type": "http.response.body", "body": b""})
 
-        async def watch() -> None:
-            await wait_for_disconnect(request.receive)
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(pump)
-        tg.start_soon(watch)
-    return completed
+    return await cancel_on_disconnect(request, pump)
 
 
 async def cancel_on_disconnect(request: Request, work: Callable[[], Awaitable[None]]) -> bool:
