@@ -40,6 +40,7 @@ from policies.admission import Admission, Refused, WaitPredictor
 from policies.breaker import BreakerConfig, BreakerState, BreakerTransition, CircuitBreaker
 from policies.edf import EdfHandle, EdfQueue
 from policies.hedging import HedgeBudget, QuantileSketch, hedge_delay
+from policies.locality import HedgeRoom, LocalityRouter, RouteContext
 from policies.routing import Candidate
 from policies.schema import Policy
 from policies.scoring import score_workers
@@ -75,8 +76,12 @@ class SchedulerActor(Actor):
         policy: Policy,
         directory: LatestValue[RegistrySnapshot],
         clock: Callable[[], float] = time.monotonic,
+        pop: str | None = None,
     ) -> None:
         self.policy = policy
+        self.pop = pop  # this gateway's PoP (--pop); None: locality off
+        self.locality = LocalityRouter(policy.topology, pop)
+        self.failed_at: dict[str, float] = {}  # worker -> its last failure, until a success
         self.directory = directory
         self.clock = clock
         self.admission = admission_from(policy)
@@ -128,6 +133,7 @@ class SchedulerActor(Actor):
     def _reconfigure(self, policy: Policy) -> None:
         """Swap in a new policy without losing queued or running requests."""
         old, self.policy = self.policy, policy
+        self.locality = LocalityRouter(policy.topology, self.pop)
         self.admission.reconfigure({t.name: t.limits for t in policy.tenants},
                                    max_queue=policy.scheduling.max_queue)
         for queue in self.queues.values():
@@ -214,8 +220,8 @@ class SchedulerActor(Actor):
             if ticket is None:
                 return
             ticket.handle = None
-            worker = self._pick(ticket, (), now)
-            if worker is None:  # its route forbids the pool that has room
+            worker = self._pick(ticket, (), now, may_hold=True)
+            if worker is None:  # its route forbids the pool that has room, or it waits for its PoP
                 ticket.handle = self._push(queue, ticket, now)
                 return
             ticket.assigned_at = now
@@ -226,7 +232,7 @@ class SchedulerActor(Actor):
         if hedge and self.hedge_budget.level + HEDGE_LEVEL_EPSILON < 1.0:
             self._count("hedge_budget_exhausted")
             return None
-        worker = self._pick(ticket, exclude, now)
+        worker = self._pick(ticket, exclude, now, hedge=hedge)
         if worker is None:
             self._count("reroute_no_worker")
             return None
@@ -245,22 +251,42 @@ class SchedulerActor(Actor):
                 worker_id=wid, slots=record.registration.slots,
                 reported_active=record.load.active, reported_queued=record.load.queued,
                 draining=record.load.draining, kind=record.registration.kind,
-                tokens_per_s=record.load.tokens_per_s), record)
+                tokens_per_s=record.load.tokens_per_s,
+                pop=record.registration.labels.get("pop")), record)
         return out
 
     def _has_free_slot(self, model: str, now: float) -> bool:
         return any(self.inflight.get(wid, 0) < c.slots and not c.draining
                    for wid, (c, _) in self._candidates(model, now).items())
 
-    def _pick(self, ticket: Ticket, exclude: tuple[str, ...], now: float) -> WorkerRecord | None:
+    def _pick(self, ticket: Ticket, exclude: tuple[str, ...], now: float, *,
+              may_hold: bool = False, hedge: bool = False) -> WorkerRecord | None:
         candidates = self._candidates(ticket.model, now)
-        ranked = score_workers([c for c, _ in candidates.values()], ticket.route,
-                               self.inflight, exclude)
+        everyone = [c for c, _ in candidates.values()]
+        ranked = score_workers(everyone, ticket.route, self.inflight, exclude)
+        ranked = self.locality.plan(ranked, everyone, self._route_context(
+            ticket, now, may_hold=may_hold, hedge=hedge))
         for choice in ranked:
             if self._breaker(choice.worker_id).allow(now):
                 self.inflight[choice.worker_id] = self.inflight.get(choice.worker_id, 0) + 1
                 return candidates[choice.worker_id][1]
         return None
+
+    def _route_context(self, ticket: Ticket, now: float, *, may_hold: bool,
+                       hedge: bool) -> RouteContext:
+        forget_after = self.policy.breaker.open_for_ms / 1000
+        # Forgotten after the breaker's open time, so the map stays bounded by recent failures.
+        self.failed_at = {w: at for w, at in self.failed_at.items() if now - at < forget_after}
+        suspect = set(self.failed_at)
+        room = None
+        if hedge:
+            medians = [s.quantile(0.5) for (m, _), s in self.sketches.items() if m == ticket.model]
+            room = HedgeRoom(self.hedge_budget.level,
+                             (ticket.deadline if ticket.due is None else ticket.due) - now,
+                             min((m for m in medians if m is not None), default=0.0))
+        return RouteContext(self.inflight, suspect, ticket.route.is_long,
+                            self._predictor(ticket.model).mean_service_s,
+                            now - ticket.arrival, may_hold, room, tier=ticket.route.tier)
 
     # -- completion -----------------------------------------------------------
 
@@ -273,8 +299,10 @@ class SchedulerActor(Actor):
         breaker = self._breaker(done.worker_id)
         if done.outcome == "success":
             breaker.on_success(now)
+            self.failed_at.pop(done.worker_id, None)
         elif done.outcome == "failure":
             breaker.on_failure(now)
+            self.failed_at[done.worker_id] = now
         else:
             breaker.on_abandoned(now)
         for model in self.queues:

@@ -23,6 +23,8 @@ class Candidate:
     # Used by the scored router (policies.scoring); least-in-flight ignores them.
     kind: str = "cpu"  # "gpu" is the GPU pool; anything else is CPU/edge
     tokens_per_s: float = 0.0  # measured decode speed; 0 = not measured yet
+    pop: str | None = None  # its "pop" label; used by policies.locality
+    tier: str | None = None  # its "tier" label (quantization tier); used by policies.tiers
 
 
 def pick_least_inflight(
