@@ -26,11 +26,16 @@ from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics, status_of
 from gateway.page import CHAT_PAGE
-from gateway.relay import RelayOutcome, collect, completion_body, stream_to_client
-from gateway.tickets import Outcome, Reconfigure, Stats, Submit, Ticket, TicketDone
+from gateway.cache import CacheEntry, Hit, ResponseCache
+from gateway.cache.keys import bypasses_lookup, cacheable
+from gateway.generation import Generation, classify
+from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
+from gateway.stream_log import StreamBook, StreamLog
+from gateway.tickets import Reconfigure, Stats, Ticket
 from hedgerow import openai_api as oa
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import (
+    SSE_HEADERS,
     Headers,
     Receive,
     Request,
@@ -47,12 +52,14 @@ from hedgerow.errors import (
     GatewayDraining,
     InvalidRequest,
     ModelNotFound,
+    StreamGone,
     UnsupportedMediaType,
     UpstreamFailed,
 )
 from hedgerow.latest import LatestValue
 from hedgerow.logs import request_id_var
 from hedgerow.metrics import CONTENT_TYPE
+from hedgerow.sse import SseParser
 from hedgerow.wire import RegistrySnapshot
 from policies.schema import Policy
 from policies.scoring import RouteRequest
@@ -69,8 +76,14 @@ class GatewayApp:
     dispatcher: Dispatcher
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     drain: Drain = field(default_factory=Drain)
+    # The response cache; None serves every request fresh.
+    cache: ResponseCache | None = None
+    streams: StreamBook = field(init=False)
+    _flights: dict[str, Flight] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.streams = StreamBook(max_streams=1, max_total_bytes=1, retain_s=0)
+        self._configure_streams(self.policy)
         self.router = Router()
         self.router.add("GET", "/", self.page)
         self.router.add("GET", "/healthz", self.healthz)
@@ -79,6 +92,9 @@ class GatewayApp:
         self.router.add("GET", "/v1/models", self.models)
         self.router.add("POST", "/v1/chat/completions", self.chat)
         self.router.add("POST", "/v1/completions", self.completions)
+        for kind in ("chat/completions", "completions"):
+            self.router.add("GET", f"/v1/{kind}/{{request_id}}/events", self.resume)
+            self.router.add("POST", f"/v1/{kind}/{{request_id}}/cancel", self.cancel_stream)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = uuid.uuid4().hex
@@ -98,7 +114,16 @@ class GatewayApp:
         """
         self.policy = policy
         self.dispatcher.policy = policy
+        self._configure_streams(policy)
+        if self.cache is not None:
+            self.cache.apply_policy(policy)
         await self.scheduler.tell(Reconfigure(policy))
+
+    def _configure_streams(self, policy: Policy) -> None:
+        settings = policy.streams
+        self.streams.configure(max_streams=settings.max_streams,
+                               max_total_bytes=settings.max_total_bytes,
+                               retain_s=settings.retain_ms / 1000)
 
     # -- plain routes ---------------------------------------------------
 
@@ -174,10 +199,17 @@ class GatewayApp:
         ticket = self._ticket(policy, request, identity, parsed, model)
         call = UpstreamCall(ticket.request_id, request.path, _upstream_body(body, model), model)
         chat = isinstance(parsed, oa.ChatCompletionRequest)
+        wanted = Wanted(ticket, call, parsed, chat, observed)
         with self.drain.track() as in_flight:
             request.send = in_flight.watch(request.send)
-            return await cancel_on_disconnect(
-                request, lambda: self._serve(request, ticket, call, parsed, chat, observed))
+            caching = await self._cache_lookup(request, wanted, body)
+            if isinstance(caching, Hit):
+                await self._replay(request, wanted, caching)
+                return True
+            flight = self._flights.get(caching.key) if caching is not None else None
+            if flight is not None and flight.joinable():
+                return await self._join(request, wanted, flight)
+            return await self._lead(request, wanted, caching)
         await _end_cut_request(request, in_flight)
         return True
 
@@ -204,68 +236,276 @@ class GatewayApp:
             # Only idempotent requests race on two workers.
             route=route, hedgeable=klass.hedge and not parsed.store, policy=policy)
 
-    async def _serve(self, request: Request, ticket: Ticket, call: UpstreamCall,
-                     parsed: oa.ChatCompletionRequest | oa.CompletionRequest, chat: bool,
-                     observed: RequestMetrics) -> None:
-        refusal = await self.scheduler.ask(Submit(ticket))
-        if refusal is not None:
-            raise refusal.to_error()
-        self.metrics.cache_lookup("miss")  # no cache yet
-        relayed = RelayOutcome()
-        try:
-            relayed = await self._serve_admitted(request, ticket, call, parsed, chat, observed)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.scheduler.tell(TicketDone(ticket, relayed.total_tokens))
+    # -- the response cache ----------------------------------------------
 
-    async def _serve_admitted(
-        self, request: Request, ticket: Ticket, call: UpstreamCall,
-        parsed: oa.ChatCompletionRequest | oa.CompletionRequest, chat: bool,
-        observed: RequestMetrics,
-    ) -> RelayOutcome:
-        try:
-            attempt = await self.dispatcher.first_token(ticket, call)
-        except WorkerRejected as rejected:
-            observed.responded(rejected.status)
-            await _send_rejection(request, rejected, ticket.request_id)
-            return RelayOutcome()
-        finally:
-            observed.dispatched(ticket.arrival, ticket.assigned_at, ticket.upstream_at)
-        if attempt.hedged:
-            self.metrics.hedge_won()
-        outcome: RelayOutcome | None = None
-        try:
-            headers: Headers = [
-                (b"x-request-id", ticket.request_id.encode()),
-                (b"x-hedgerow-worker", attempt.worker_id.encode()),
-                (b"x-hedgerow-cache", b"miss"),
-                (b"x-hedgerow-hedged", b"1" if attempt.hedged else b"0"),
-            ]
-            if parsed.stream:
-                observed.responded(200)
-                outcome = await stream_to_client(request, attempt, headers,
-                                                 parsed.include_usage(), observed)
-            else:
+    async def _cache_lookup(self, request: Request, wanted: Wanted,
+                            body: bytes) -> Hit | Caching | None:
+        """A cached answer; else how to share and store this one (None: not cacheable)."""
+        cache = self.cache
+        if cache is None:
+            return None
+        ticket = wanted.ticket
+        policy = ticket.policy or self.policy
+        request_json: dict[str, Any] = orjson.loads(body)
+        headers = request.scope["headers"]
+        if not cacheable(ticket.tenant, request_json, policy):
+            self.metrics.cache_lookup("uncacheable")
+            return None
+        hit = await cache.lookup(ticket.tenant, ticket.model, request_json, headers)
+        if hit is not None:
+            self.metrics.cache_lookup(hit.kind)
+            return hit
+        bypass = bypasses_lookup({"cache-control": request.header("cache-control") or ""})
+        self.metrics.cache_lookup("bypass" if bypass else "miss")
+        key = cache.keys(ticket.tenant, ticket.model, request_json).exact
+        # A client that asked for a fresh answer never joins someone else's.
+        return Caching(key, request_json, headers, share=not bypass)
+
+    async def _replay(self, request: Request, wanted: Wanted, hit: Hit) -> None:
+        """Answer from the cache: the same SSE events (with ids) or JSON body as live."""
+        ticket, parsed = wanted.ticket, wanted.parsed
+        wanted.observed.responded(200)
+        if not parsed.stream:
+            body = orjson.dumps(hit.json(ticket.request_id, model=parsed.model))
+            await send_bytes(request.send, 200, body, _answer_headers(
+                ticket.request_id, None, hit.kind.encode(), hedged=False))
+            return
+        settings = (ticket.policy or self.policy).streams
+        stream = StreamLog(ticket.request_id, ticket.tenant, settings.max_buffer_bytes,
+                           include_usage=parsed.include_usage())
+        now = time.monotonic()
+        parser, seen = SseParser(), RelayOutcome()
+        for raw in hit.sse(ticket.request_id, model=parsed.model,
+                           include_usage=parsed.include_usage()):
+            for event in parser.feed(raw):
+                stream.append(classify(event, seen), event.raw, now)
+        stream.open("", hedged=False)
+        stream.finish(now)
+        self.streams.add(stream, now)
+        with stream.reading():
+            await cancel_on_disconnect(request, lambda: self._answer_stream(
+                request, stream, 0, wanted.observed, cache=hit.kind.encode()))
+
+    # -- a generation writes a log; clients follow it ---------------------
+
+    async def _lead(self, request: Request, wanted: Wanted, caching: Caching | None) -> bool:
+        """Generate the answer, sharing it with identical requests that arrive
+        meanwhile and storing it in the cache; False when the client left first.
+
+        The generation runs beside the client's reader. When a streaming
+        client goes away it runs on for the policy's resume grace, so the
+        client can come back with ``Last-Event-ID``; a client that leaves
+        before the first token (it never learnt the stream's id) stops it at
+        once, unless others share it.
+        """
+        ticket, parsed = wanted.ticket, wanted.parsed
+        settings = (ticket.policy or self.policy).streams
+        stream = StreamLog(ticket.request_id, ticket.tenant, settings.max_buffer_bytes,
+                           include_usage=parsed.include_usage())
+        flight = Flight(stream)
+        if parsed.stream:
+            self.streams.add(stream, time.monotonic())
+        if caching is not None and caching.share:
+            self._flights[caching.key] = flight
+        generation = Generation(self.scheduler, self.dispatcher, stream, ticket, wanted.call,
+                                keep_text=caching is not None or not parsed.stream)
+        generating = anyio.CancelScope()
+        grace_s = settings.resume_grace_ms / 1000 if parsed.stream else 0.0
+
+        async def generate() -> None:
+            try:
+                with generating:
+                    flight.outcome = await generation.run(wanted.observed)
+            finally:
+                flight.done.set()
+                if caching is not None and self._flights.get(caching.key) is flight:
+                    del self._flights[caching.key]
+            if caching is not None:
+                await self._cache_store(caching, wanted, flight.outcome)
+
+        async def stop_when_abandoned() -> None:
+            if await stream.abandoned(grace_s):
+                generating.cancel()
+
+        completed = False
+        error: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            with stream.reading():
+                tg.start_soon(generate)
+                tg.start_soon(stop_when_abandoned)
                 try:
-                    outcome = await collect(attempt)
-                except UpstreamFailed:
-                    outcome = RelayOutcome(failed=True)  # feeds the breaker, then a 502
-                    raise
-                body = completion_body(ticket.request_id, ticket.model, outcome, chat)
-                observed.responded(200)
-                await send_bytes(request.send, 200, body, headers)
-            return outcome
-        finally:
-            with anyio.CancelScope(shield=True):
-                await attempt.aclose()
-                result: Outcome = "abandoned" if outcome is None else (
-                    "failure" if outcome.failed else "success")
-                await self.dispatcher.report(attempt.worker_id, result)
+                    completed = await cancel_on_disconnect(
+                        request, lambda: self._answer(request, wanted, flight))
+                except Exception as caught:  # re-raised as itself, outside the group
+                    error = caught
+        if error is not None:
+            raise error
+        return completed
+
+    async def _join(self, request: Request, wanted: Wanted, flight: Flight) -> bool:
+        """An identical request is being generated: follow it instead of generating again."""
+        self.metrics.single_flight_joined()
+        if wanted.parsed.stream:
+            self.streams.alias(wanted.ticket.request_id, wanted.ticket.tenant, flight.stream,
+                               time.monotonic())
+        with flight.stream.reading():
+            return await cancel_on_disconnect(
+                request, lambda: self._answer(request, wanted, flight))
+
+    async def _answer(self, request: Request, wanted: Wanted, flight: Flight) -> None:
+        if wanted.parsed.stream:
+            await self._answer_stream(request, flight.stream, 0, wanted.observed,
+                                      include_usage=wanted.parsed.include_usage(),
+                                      request_id=wanted.ticket.request_id)
+        else:
+            await self._answer_whole(request, wanted, flight)
+
+    async def _cache_store(self, caching: Caching, wanted: Wanted,
+                           outcome: RelayOutcome | None) -> None:
+        if self.cache is None or outcome is None or outcome.failed or not outcome.complete:
+            return
+        ticket = wanted.ticket
+        entry = CacheEntry("".join(outcome.text), outcome.finish_reason, outcome.prompt_tokens,
+                           outcome.completion_tokens, ticket.model, oa.now_created(),
+                           chat=wanted.chat)
+        with anyio.CancelScope(shield=True):
+            await self.cache.store(ticket.tenant, ticket.model, caching.request_json, entry,
+                                   caching.headers)
+
+    async def _answer_stream(self, request: Request, stream: StreamLog, after: int,
+                             observed: RequestMetrics | None, *, cache: bytes = b"miss",
+                             include_usage: bool | None = None,
+                             request_id: str | None = None) -> None:
+        """Start the SSE response once the stream has its first token, then follow it."""
+        await stream.wait_open()
+        request_id = request_id or stream.request_id
+        if stream.refusal is not None:
+            error = stream.refusal.error
+            if isinstance(error, WorkerRejected):
+                if observed is not None:
+                    observed.responded(error.status)
+                await _send_rejection(request, error, request_id)
+                return
+            raise error
+        if not stream.started:
+            raise UpstreamFailed("the generation stopped before its first token",
+                                 code="stream_cancelled")
+        if observed is not None:
+            observed.responded(200)
+            if stream.hedged and request_id == stream.request_id:
+                self.metrics.hedge_won()
+        headers = _answer_headers(request_id, stream.worker_id, cache, stream.hedged)
+        await request.send({"type": "http.response.start", "status": 200,
+                            "headers": list(SSE_HEADERS) + headers})
+        settings = self.policy.streams
+        try:
+            await follow_log(request, stream, after=after,
+                             include_usage=(stream.include_usage if include_usage is None
+                                            else include_usage),
+                             heartbeat_s=settings.heartbeat_ms / 1000,
+                             stall_s=settings.write_stall_ms / 1000, observer=observed)
+        except ClientStalled as stalled:
+            log.warning("cut a stalled client of %s: %s", stream.request_id, stalled)
+
+    async def _answer_whole(self, request: Request, wanted: Wanted, flight: Flight) -> None:
+        """A non-streaming client: the generation folded into one JSON body."""
+        await flight.done.wait()
+        stream, outcome, ticket = flight.stream, flight.outcome, wanted.ticket
+        if stream.refusal is not None:
+            error = stream.refusal.error
+            if isinstance(error, WorkerRejected):
+                wanted.observed.responded(error.status)
+                await _send_rejection(request, error, ticket.request_id)
+                return
+            raise error
+        if outcome is None or outcome.failed or not outcome.complete:
+            raise UpstreamFailed(
+                (outcome.error_message if outcome else "") or "the worker failed mid-answer",
+                code=(outcome.error_code if outcome else "") or "upstream_error")
+        if stream.hedged and ticket.request_id == stream.request_id:
+            self.metrics.hedge_won()
+        body = completion_body(ticket.request_id, ticket.model, outcome, wanted.chat)
+        wanted.observed.responded(200)
+        await send_bytes(request.send, 200, body, _answer_headers(
+            ticket.request_id, stream.worker_id, b"miss", stream.hedged))
+
+    async def resume(self, request: Request) -> None:
+        """``GET …/{request_id}/events`` with ``Last-Event-ID``: the events after it, then live."""
+        identity = identify(self.policy, request.header("authorization"))
+        stream = self.streams.find(request.path_params["request_id"], identity.tenant,
+                                   time.monotonic())
+        after = _last_event_id(request)
+        if after > stream.last_id and stream.finished:
+            raise InvalidRequest(f"Last-Event-ID {after} is past the stream's last event "
+                                 f"({stream.last_id})", param="Last-Event-ID")
+        if not stream.holds_after(min(after, stream.last_id)):
+            raise StreamGone(f"the events after {after} of stream {stream.request_id!r} "
+                             "are no longer kept")
+        with self.drain.track() as in_flight:
+            request.send = in_flight.watch(request.send)
+            with stream.reading():
+                await cancel_on_disconnect(
+                    request, lambda: self._answer_stream(request, stream, after, None))
+            return
+        await _end_cut_request(request, in_flight)
+
+    async def cancel_stream(self, request: Request) -> None:
+        """``POST …/{request_id}/cancel``: stop the generation now, for every reader."""
+        identity = identify(self.policy, request.header("authorization"))
+        stream = self.streams.find(request.path_params["request_id"], identity.tenant,
+                                   time.monotonic())
+        running = not stream.finished
+        stream.cancel("the stream was cancelled by the client")
+        await send_json(request.send, 200, {"id": stream.request_id, "object": "stream.cancel",
+                                            "cancelled": running})
 
     def _ensure_model_known(self, policy: Policy, model: str) -> None:
         if policy.declares_model(model) or model in self.directory.value.models():
             return
         raise ModelNotFound(f"the model {model!r} does not exist", param="model")
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One completion request, ready to serve."""
+
+    ticket: Ticket
+    call: UpstreamCall
+    parsed: oa.ChatCompletionRequest | oa.CompletionRequest
+    chat: bool
+    observed: RequestMetrics
+
+
+@dataclass(frozen=True)
+class Caching:
+    """A cacheable request that missed: its exact key, for sharing and storing."""
+
+    key: str
+    request_json: dict[str, Any]
+    headers: Headers
+    share: bool  # identical requests arriving meanwhile may join its generation
+
+
+@dataclass(eq=False)
+class Flight:
+    """One generation, shared by identical requests (single-flight)."""
+
+    stream: StreamLog
+    outcome: RelayOutcome | None = None
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    def joinable(self) -> bool:
+        """Joining replays it from its first event, so all of them must still be kept."""
+        return not self.done.is_set() and self.stream.holds_after(0)
+
+
+def _answer_headers(request_id: str, worker_id: str | None, cache: bytes,
+                    hedged: bool) -> Headers:
+    headers: Headers = [(b"x-request-id", request_id.encode()), (b"x-hedgerow-cache", cache),
+                        (b"x-hedgerow-hedged", b"1" if hedged else b"0")]
+    if worker_id:
+        headers.append((b"x-hedgerow-worker", worker_id.encode()))
+    return headers
 
 
 def _check_limits(policy: Policy, parsed: oa.ChatCompletionRequest | oa.CompletionRequest) -> None:
@@ -310,6 +550,20 @@ def _tighter_deadline(class_deadline_ms: int, header: str | None) -> int:
         raise InvalidRequest("x-hedgerow-deadline-ms must be a positive integer",
                              param="x-hedgerow-deadline-ms")
     return min(class_deadline_ms, int(header))
+
+
+def _last_event_id(request: Request) -> int:
+    """The resume point: ``Last-Event-ID`` (as EventSource sends it) or
+    ``?last_event_id=``; none means from the first event."""
+    raw = request.header("last-event-id")
+    if raw is None:
+        raw = request.query().get("last_event_id")
+    if raw is None or raw.strip() == "":
+        return 0
+    if not raw.strip().isdigit():
+        raise InvalidRequest("Last-Event-ID must be a non-negative integer event id",
+                             param="Last-Event-ID")
+    return int(raw)
 
 
 def _upstream_body(body: bytes, model: str) -> bytes:

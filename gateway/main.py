@@ -4,26 +4,29 @@ from __future__ import annotations
 
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from gateway.app import GatewayApp
+from gateway.cache import ResponseCache
+from gateway.cors import CorsMiddleware
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain
 from gateway.devcert import ensure_dev_certificate
 from gateway.follower import RegistryFollower
 from gateway.policy_follower import PolicyFollower, RunningPolicy
 from gateway.scheduler import SchedulerActor
-from gateway.transport import build_config, serve
+from gateway.shared_limits import SharedLimitsScheduler, open_shared_limits
+from gateway.transport import build_config, local_hosts, serve
 from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot
 from policies.loader import policy_checksum
-from policies.schema import DEFAULT_POLICY_PATH, load_policy
+from policies.schema import DEFAULT_POLICY_PATH, Policy, load_policy
 
 log = logging.getLogger("hedgerow.gateway")
 
@@ -37,7 +40,9 @@ DRAIN_GRACE_S = 2.0
 @dataclass(frozen=True)
 class GatewayOptions:
     control_plane: str = "http://127.0.0.1:8500"
-    host: str = "127.0.0.1"
+    # One address or several; by default IPv4 and IPv6 loopback, since browsers
+    # try ::1 first for localhost (and a forced QUIC connection never falls back).
+    host: str | tuple[str, ...] = field(default_factory=local_hosts)
     port: int = 8443
     state_dir: Path = Path(".hedgerow")
     certfile: Path | None = None
@@ -49,6 +54,11 @@ class GatewayOptions:
     gateway_id: str | None = None
     # After SIGTERM, how long in-flight requests may run before they are cut.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    # This gateway's PoP: routing prefers workers labelled pop=<it> (policies.locality).
+    pop: str | None = None
+    # Tenants' requests/s limits shared with every gateway on this Redis
+    # (``gateway.shared_limits``). None: each gateway limits on its own.
+    redis_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,17 +77,32 @@ async def run_gateway(
     certfile, keyfile, ca_cert = _certificate(options)
     directory: LatestValue[RegistrySnapshot] = LatestValue(RegistrySnapshot(version=0), -1)
     workers = WorkerClient(policy.timeouts)
+    shared = open_shared_limits(options.redis_url) if options.redis_url else None
+    # Exact and semantic response cache, shared through Redis when given one.
+    cache = ResponseCache(policy, options.redis_url,
+                          origin=options.gateway_id or f"gw-{options.port}")
     try:
         async with Supervisor() as supervisor:
             follower = RegistryFollower(options.control_plane, directory)
             supervisor.run_service("registry-follower", follower.run)
             scheduler = await supervisor.spawn(
-                lambda: SchedulerActor(policy, directory), name="scheduler", mailbox_size=4096)
-            app = GatewayApp(policy, directory, scheduler,
-                             Dispatcher(scheduler, workers, policy))
+                lambda: SchedulerActor(policy, directory, pop=options.pop), name="scheduler",
+                mailbox_size=4096)
+            front = scheduler if shared is None else SharedLimitsScheduler(scheduler, shared)
+            supervisor.run_service("response-cache", cache.run)
+            app = GatewayApp(policy, directory, front,  # type: ignore[arg-type]
+                             Dispatcher(scheduler, workers, policy), cache=cache)
+            edge = CorsMiddleware(app, policy.cors)
+
+            async def apply_policy(new: Policy) -> None:
+                edge.apply_policy(new)
+                await app.apply_policy(new)
+
+            if shared is not None:
+                log.info("tenants' requests/s limits are shared through Redis")
             if options.policy_path is None:
                 gateway_id = options.gateway_id or f"gw-{socket.gethostname()}-{options.port}"
-                policies = PolicyFollower(options.control_plane, gateway_id, app.apply_policy,
+                policies = PolicyFollower(options.control_plane, gateway_id, apply_policy,
                                           RunningPolicy(0, policy_checksum(policy)))
                 supervisor.run_service("policy-follower", policies.run)
             else:
@@ -92,11 +117,17 @@ async def run_gateway(
                     await shutdown.wait()
                     await _begin_drain(app.drain, options.drain_timeout_s, tg)
 
-                port = await tg.start(serve, app, config, drain_on_shutdown)
-                log.info("gateway listening on https://%s:%d (h1, h2, h3)", options.host, port)
+                port = await tg.start(serve, edge, config, drain_on_shutdown)
+                hosts = [options.host] if isinstance(options.host, str) else options.host
+                log.info("gateway listening on %s (h1, h2, h3)", ", ".join(
+                    f"https://{f'[{h}]' if ':' in h else h}:{port}" for h in hosts))
                 task_status.started(GatewayStarted(port, ca_cert))
     finally:
         await workers.aclose()
+        with anyio.CancelScope(shield=True):
+            await cache.aclose()
+        if shared is not None:
+            await shared.redis.aclose()
 
 
 async def _begin_drain(drain: Drain, timeout_s: float, tg: TaskGroup) -> None:

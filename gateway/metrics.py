@@ -37,6 +37,7 @@ the workers' own, on their ``/metrics``.)
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -89,8 +90,12 @@ class GatewayMetrics:
         self.overhead_chunk = overhead.labels("chunk")
         self.requests = Counter("hedgerow_requests", "Completion requests by HTTP status.",
                                 ("model", "class", "status"), registry=r)
-        self.cache = Counter("hedgerow_cache_requests", "Admitted requests by cache result.",
-                             ("result",), registry=r)
+        self.cache = Counter("hedgerow_cache_requests", "Completion requests by cache result "
+                             "(exact, semantic, miss, bypass, uncacheable).", ("result",),
+                             registry=r)
+        self.joined = Counter("hedgerow_single_flight_joined", "Requests that joined an "
+                              "identical request's generation instead of starting one.",
+                              registry=r)
         self.scheduler = SchedulerCollector(r)
 
     def request(self, arrived: float) -> RequestMetrics:
@@ -103,6 +108,9 @@ class GatewayMetrics:
 
     def cache_lookup(self, result: str) -> None:
         self.cache.labels(result).inc()
+
+    def single_flight_joined(self) -> None:
+        self.joined.inc()
 
     def hedge_won(self) -> None:
         self.scheduler.hedges_won += 1
@@ -238,4 +246,16 @@ def scheduler_families(stats: Mapping[str, Any], directory: RegistrySnapshot,
         _gauge("hedgerow_slots", "Slots each registered worker offers.", "worker", slots),
         _gauge("hedgerow_hedge_budget", "Hedges that could be started now.", None,
                {"": round(stats["hedge_budget"]["level"], 3)}),
+        _counter("hedgerow_shared_limits_fallback_total", "Requests admitted on this "
+                 "gateway's own limits because Redis (--redis) was unreachable.", None,
+                 {"": counters.get("shared_limits_fallback", 0)}),
+        _gauge("hedgerow_asyncio_tasks", "Tasks alive on the gateway's event loop (a leak "
+               "shows as growth at steady load).", None, {"": _asyncio_tasks()}),
     ]
+
+
+def _asyncio_tasks() -> int:
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:  # no running loop (rendered outside the gateway)
+        return 0

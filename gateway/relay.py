@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import anyio
 import orjson
 
-from gateway.attempt import Attempt
+from gateway.stream_log import ReaderOverrun, StreamLog
 from hedgerow import openai_api as oa
-from hedgerow.asgi import SSE_HEADERS, Headers, Request, sse_event
+from hedgerow.asgi import Request, sse_event
 from hedgerow.errors import UpstreamFailed
-from hedgerow.sse import SseEvent
 
 log = logging.getLogger("hedgerow.gateway.relay")
 
@@ -39,13 +38,16 @@ class RelayOutcome:
     # Only a non-streaming client needs the text itself; a stream never keeps it.
     keep_text: bool = False
     text: list[str] = field(default_factory=list)
+    # How it failed, when it did: what a non-streaming client's 502 says.
+    error_message: str = ""
+    error_code: str = ""
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
 
-def _observe(outcome: RelayOutcome, chunk: dict[str, Any]) -> bool:
+def observe_chunk(outcome: RelayOutcome, chunk: dict[str, Any]) -> bool:
     """Record one chunk; True when it is the usage-only chunk."""
     usage = chunk.get("usage")
     if usage:
@@ -71,94 +73,60 @@ class RelayObserver(Protocol):
     def relayed(self, received: float, written: float, token: bool) -> None: ...
 
 
-async def _all_events(attempt: Attempt) -> AsyncIterator[SseEvent]:
-    for event in attempt.first:
-        yield event
-    async for event in attempt.events:
-        yield event
+HEARTBEAT = b": keep-alive\n\n"
 
 
-async def stream_to_client(
-    request: Request, attempt: Attempt, headers: Headers, include_usage: bool,
-    observer: RelayObserver | None = None,
-) -> RelayOutcome:
-    """Relay the attempt's events as they come; ``observer`` hears when each was written.
+class ClientStalled(Exception):
+    """The client accepted no bytes for longer than the policy allows."""
 
-    An event's ``received`` time is when the relay got it from the upstream
-    parser; for the events read while getting the first token, the moment
-    that first token arrived.
+
+async def follow_log(
+    request: Request, stream: StreamLog, *, after: int, include_usage: bool,
+    heartbeat_s: float, stall_s: float, observer: RelayObserver | None = None,
+) -> None:
+    """Write the log's events above ``after`` to the client as they come, then end.
+
+    The response must have started. Events waiting together go out in one
+    write. An idle stream gets a comment every ``heartbeat_s``. A reader that
+    fell behind what the log keeps gets an error event; one that accepts
+    nothing for ``stall_s`` is cut (ClientStalled).
     """
-    outcome = RelayOutcome()
-    await request.send({"type": "http.response.start", "status": 200,
-                        "headers": list(SSE_HEADERS) + headers})
-    try:
-        for event in attempt.first:
-            await _relay(request, event, outcome, include_usage, observer,
-                         attempt.first_token_at)
-        async for event in attempt.events:
-            await _relay(request, event, outcome, include_usage, observer, time.monotonic())
-    except UpstreamFailed as error:
-        outcome.failed = True
-        log.warning("request stream from %s failed mid-way: %s", attempt.worker_id, error)
-        await _send_error_event(request, error.message, error.code)
-    if not outcome.complete and not outcome.failed:
-        outcome.failed = True
-        await _send_error_event(
-            request, f"worker {attempt.worker_id} ended the stream before it was complete",
-            "upstream_truncated")
-    await request.send({"type": "http.response.body", "body": b""})
-    return outcome
-
-
-async def _relay(request: Request, event: SseEvent, outcome: RelayOutcome,
-                 include_usage: bool, observer: RelayObserver | None, received: float) -> None:
-    pieces = outcome.pieces
-    if event.data == "[DONE]":
-        outcome.complete = True
-    elif _relay_skips(outcome, event, include_usage):
-        return
-    await request.send({"type": "http.response.body", "body": event.raw, "more_body": True})
-    if observer is not None:
-        observer.relayed(received, time.monotonic(), outcome.pieces > pieces)
-
-
-def _relay_skips(outcome: RelayOutcome, event: SseEvent, include_usage: bool) -> bool:
-    try:
-        chunk = orjson.loads(event.data)
-    except orjson.JSONDecodeError:
-        return False
-    if "error" in chunk:
-        outcome.failed = True
-        return False
-    usage_only = _observe(outcome, chunk)
-    return usage_only and not include_usage
-
-
-async def _send_error_event(request: Request, message: str, code: str) -> None:
-    event = sse_event(oa.error_event(message, UpstreamFailed.error_type, code))
-    await request.send({"type": "http.response.body", "body": event, "more_body": True})
-
-
-async def collect(attempt: Attempt) -> RelayOutcome:
-    """Read the whole stream for a non-streaming client."""
-    outcome = RelayOutcome(keep_text=True)
-    async for event in _all_events(attempt):
-        if event.data == "[DONE]":
-            outcome.complete = True
-            continue
+    while True:
         try:
-            chunk = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            raise UpstreamFailed(f"worker {attempt.worker_id} sent an event that is not JSON",
-                                 code="upstream_malformed") from None
-        if "error" in chunk:
-            raise UpstreamFailed(str(chunk["error"].get("message", "worker error")),
-                                 code="upstream_error")
-        _observe(outcome, chunk)
-    if not outcome.complete:
-        raise UpstreamFailed(f"worker {attempt.worker_id} ended the stream early",
-                             code="upstream_truncated")
-    return outcome
+            events = stream.events_after(after)
+        except ReaderOverrun as overrun:
+            log.warning("slow reader on %s: %s", stream.request_id, overrun)
+            await _write(request, _error_event(
+                "the client read too slowly: the stream ran ahead of what the gateway keeps "
+                f"({overrun}); resume with Last-Event-ID or retry", "slow_reader"), stall_s)
+            break
+        if events:
+            after = events[-1].id
+            body = b"".join(e.payload for e in events
+                            if include_usage or e.kind != "usage")
+            if body:
+                await _write(request, body, stall_s)
+            if observer is not None:
+                written = time.monotonic()
+                for event in events:
+                    observer.relayed(event.received, written, event.kind == "token")
+            continue
+        if stream.finished:
+            break
+        if not await stream.wait_beyond(after, heartbeat_s):
+            await _write(request, HEARTBEAT, stall_s)
+    await request.send({"type": "http.response.body", "body": b""})
+
+
+async def _write(request: Request, body: bytes, stall_s: float) -> None:
+    with anyio.move_on_after(stall_s) as waited:
+        await request.send({"type": "http.response.body", "body": body, "more_body": True})
+    if waited.cancelled_caught:
+        raise ClientStalled(f"the client accepted no bytes for {stall_s:.1f}s")
+
+
+def _error_event(message: str, code: str) -> bytes:
+    return sse_event(oa.error_event(message, UpstreamFailed.error_type, code))
 
 
 def completion_body(request_id: str, model: str, outcome: RelayOutcome, chat: bool) -> bytes:

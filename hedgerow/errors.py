@@ -10,6 +10,8 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │   ├── ModelNotFound               404  code=model_not_found
     │   ├── UnknownWorker               404  code=unknown_worker
     │   ├── UnknownPolicyVersion        404  code=unknown_policy_version
+    │   ├── StreamNotFound              404  code=stream_not_found
+    │   ├── StreamGone                  410  code=stream_gone
     │   ├── PolicyError                 400  code=invalid_policy (policies.schema;
     │   │                                    carries file:line:column issues)
     │   ├── MethodNotAllowed            405
@@ -91,6 +93,20 @@ class UnknownWorker(InvalidRequest):
 class UnknownPolicyVersion(InvalidRequest):
     status = 404
     default_code = "unknown_policy_version"
+
+
+class StreamNotFound(InvalidRequest):
+    """No resumable stream by that id for this tenant (never says which)."""
+
+    status = 404
+    default_code = "stream_not_found"
+
+
+class StreamGone(InvalidRequest):
+    """The stream existed, but its retention ran out or the events asked for were dropped."""
+
+    status = 410
+    default_code = "stream_gone"
 
 
 class MethodNotAllowed(InvalidRequest):

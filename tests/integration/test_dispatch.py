@@ -28,13 +28,15 @@ import yaml
 
 from gateway.attempt import Attempt, UpstreamCall, WorkerRejected
 from gateway.dispatch import Dispatcher
-from gateway.relay import RelayOutcome, collect, stream_to_client
+from gateway.generation import Generation
+from gateway.relay import RelayOutcome, follow_log
+from gateway.stream_log import StreamLog
 from gateway.scheduler import SchedulerActor
-from gateway.tickets import Outcome, Stats, Submit, Ticket, TicketDone, Withdraw
+from gateway.tickets import Stats, Submit, Ticket, TicketDone, Withdraw
 from gateway.upstream import WorkerClient
 from hedgerow.actors import ActorRef, Supervisor
 from hedgerow.asgi import Message, Request
-from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed
+from hedgerow.errors import NoHealthyWorker
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerRecord
 from policies.admission import Refused
@@ -119,7 +121,7 @@ class Served:
     started: float
     ended: float = 0.0
     refused: Refused | None = None
-    error: HedgerowError | None = None
+    error: BaseException | None = None
     worker_id: str | None = None
     hedged: bool = False
     outcome: RelayOutcome | None = None
@@ -165,38 +167,34 @@ class Rig:
         return result
 
     async def serve(self, ticket: Ticket) -> Served:
-        """What ``GatewayApp`` does for one streaming request."""
+        """What ``GatewayApp`` does for one streaming request: a generation
+        writes the stream's log, the client follows it."""
         served = Served(ticket, anyio.current_time())
-        served.refused = await self.scheduler.ask(Submit(ticket))
-        if served.refused is not None:
-            served.ended = anyio.current_time()
-            return served
-        try:
-            attempt = await self.dispatcher.first_token(ticket, self.call(ticket))
-            served.worker_id, served.hedged = attempt.worker_id, attempt.hedged
-            served.outcome = await self._relay(attempt, served.sink)
-        except HedgerowError as error:
-            served.error = error
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.scheduler.tell(TicketDone(ticket, 0))
-            served.ended = anyio.current_time()
+        stream = StreamLog(ticket.request_id, "t", 1 << 20, include_usage=True)
+        generation = Generation(self.scheduler, self.dispatcher, stream, ticket,
+                                self.call(ticket))
+        request = served.sink.request()
+
+        async def generate() -> None:
+            served.outcome = await generation.run()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(generate)
+            await stream.wait_open()
+            if stream.started:
+                served.worker_id, served.hedged = stream.worker_id, stream.hedged
+                await request.send({"type": "http.response.start", "status": 200,
+                                    "headers": []})
+                await follow_log(request, stream, after=0, include_usage=True,
+                                 heartbeat_s=60, stall_s=60)
+        served.refused = generation.refused
+        if stream.refusal is not None and served.refused is None:
+            served.error = stream.refusal.error
+        served.ended = anyio.current_time()
         return served
 
     async def serve_into(self, results: dict[str, Served], ticket: Ticket) -> None:
         results[ticket.request_id] = await self.serve(ticket)
-
-    async def _relay(self, attempt: Attempt, sink: ClientSink) -> RelayOutcome:
-        outcome: RelayOutcome | None = None
-        try:
-            outcome = await stream_to_client(sink.request(), attempt, [], include_usage=True)
-            return outcome
-        finally:
-            with anyio.CancelScope(shield=True):
-                await attempt.aclose()
-                result: Outcome = "abandoned" if outcome is None else (
-                    "failure" if outcome.failed else "success")
-                await self.dispatcher.report(attempt.worker_id, result)
 
 
 @asynccontextmanager
@@ -506,19 +504,17 @@ async def test_non_streaming_client_gets_the_whole_answer_or_an_upstream_error(
               else Behaviour(garbage_after_tokens=1, garbage=garbage))
     async with running(make_policy(), {"a": worker}) as rig:
         ticket = rig.ticket()
-        assert await rig.scheduler.ask(Submit(ticket)) is None
-        attempt = await rig.dispatcher.first_token(ticket, rig.call(ticket))
-        try:
-            if complete:
-                outcome = await collect(attempt)
-                assert "".join(outcome.text) == TEXT and outcome.completion_tokens == 3
-            else:
-                with pytest.raises(UpstreamFailed) as failed:
-                    await collect(attempt)
-                assert failed.value.code == "upstream_malformed" and failed.value.status == 502
-        finally:
-            await attempt.aclose()
-            await rig.dispatcher.report(attempt.worker_id, "success" if complete else "failure")
+        stream = StreamLog(ticket.request_id, "t", 1 << 20)
+        outcome = await Generation(rig.scheduler, rig.dispatcher, stream, ticket,
+                                   rig.call(ticket), keep_text=True).run()
+        if complete:
+            assert outcome.complete and not outcome.failed
+            assert "".join(outcome.text) == TEXT and outcome.completion_tokens == 3
+        else:
+            # Never relayed as it came: the stream ends with an error event instead.
+            assert outcome.failed and outcome.error_code == "upstream_malformed"
+            last = stream.events_after(0)[-1]
+            assert last.kind == "error" and b"not json" not in last.payload
         await eventually_idle(rig)
 
 

@@ -173,28 +173,101 @@ def test_health_readiness_and_page(stack: Stack) -> None:
         assert page.status_code == 200 and "/v1/chat/completions" in page.text
 
 
-def test_client_disconnect_stops_generation_on_the_worker(stack: Stack) -> None:
+RESUME_GRACE_S = 5.0  # policies/default.yaml streams.resume_grace_ms
+
+
+def _read_events(response: httpx.Response, count: int) -> bytes:
+    """The raw bytes of the first ``count`` whole SSE events."""
+    raw = b""
+    for data in response.iter_raw():
+        raw += data
+        if raw.count(b"\n\n") >= count:
+            break
+    return raw[: _nth_event_end(raw, count)]
+
+
+def _nth_event_end(raw: bytes, count: int) -> int:
+    end = 0
+    for _ in range(count):
+        end = raw.index(b"\n\n", end) + 2
+    return end
+
+
+def _text_of(raw: bytes) -> str:
+    pieces = []
+    for block in raw.decode().strip().split("\n\n"):
+        for line in block.split("\n"):
+            if line.startswith("data: {"):
+                chunk = orjson.loads(line[6:])
+                pieces += [c["text"] for c in chunk.get("choices") or []]
+    return "".join(pieces)
+
+
+def _settled_after(stack: Stack, before: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def settled() -> dict[str, Any] | None:
+        status = stack.worker_status("w-main")
+        return status if status["active"] == 0 and status["cancelled_total"] > before["cancelled_total"] else None
+
+    return wait_for(settled, "the worker to cancel the generation", timeout=timeout)  # type: ignore[no-any-return]
+
+
+def test_client_disconnect_stops_generation_after_the_resume_grace(stack: Stack) -> None:
     before = stack.worker_status("w-main")
     body = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 2000,
             "temperature": 0, "stream": True}
     with client(stack) as http:
         with http.stream("POST", "/v1/completions", json=body) as response:
-            received = 0
-            for _ in response.iter_raw():
-                received += 1
-                if received >= 5:
-                    break
-    # The client went away after a few tokens: the worker must stop within a token or so.
-    def settled() -> dict[str, Any] | None:
-        status = stack.worker_status("w-main")
-        return status if status["active"] == 0 and status["cancelled_total"] > before["cancelled_total"] else None
-
-    status = wait_for(settled, "the worker to cancel the generation", timeout=5)
+            _read_events(response, 5)
+    left = time.monotonic()
+    # The client went away after a few tokens: the generation waits for it to
+    # resume for the grace, then the worker stops within a token or so.
+    status = _settled_after(stack, before, timeout=RESUME_GRACE_S + 5)
+    assert time.monotonic() - left >= RESUME_GRACE_S - 1.0
     time.sleep(0.5)
     later = stack.worker_status("w-main")
     assert later["tokens_generated_total"] == status["tokens_generated_total"]
     generated = status["tokens_generated_total"] - before["tokens_generated_total"]
-    assert generated < 400, f"{generated} tokens generated for a client that left after 5"
+    assert generated < 2000, "the generation ran to max_tokens for a client that left"
+
+
+def test_cancel_stops_the_generation_at_once(stack: Stack) -> None:
+    before = stack.worker_status("w-main")
+    body = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 2000,
+            "temperature": 0, "stream": True}
+    with client(stack) as http:
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            _read_events(response, 5)
+            request_id = response.headers["x-request-id"]
+            cancelled = http.post(f"/v1/completions/{request_id}/cancel")
+            assert cancelled.status_code == 200 and cancelled.json()["cancelled"] is True
+            rest = b"".join(response.iter_raw())
+    assert b'"code":"stream_cancelled"' in rest
+    status = _settled_after(stack, before, timeout=3)
+    generated = status["tokens_generated_total"] - before["tokens_generated_total"]
+    assert generated < 400, f"{generated} tokens generated for a cancelled stream"
+
+
+def test_a_cut_stream_resumes_with_last_event_id_and_matches_an_uninterrupted_one(
+        stack: Stack) -> None:
+    body = {"model": MODEL, "prompt": "The fox and the hedge:", "max_tokens": 60,
+            "temperature": 0, "stream": True}
+    with client(stack) as http:
+        whole = http.post("/v1/completions", json=body)
+        before = stack.worker_status("w-main")
+        # no-cache: the cut request must generate, not replay the first one's answer.
+        with http.stream("POST", "/v1/completions", json=body,
+                         headers={"cache-control": "no-cache"}) as response:
+            head = _read_events(response, 6)
+            request_id = response.headers["x-request-id"]
+        last_id = int(head.decode().strip().split("\n\n")[-1].split("\n")[0][len("id: "):])
+        resumed = http.get(f"/v1/completions/{request_id}/events",
+                           headers={"last-event-id": str(last_id)})
+        after = stack.worker_status("w-main")
+    assert resumed.status_code == 200
+    assert resumed.text.startswith(f"id: {last_id + 1}\n")
+    assert resumed.text.rstrip().endswith("data: [DONE]")
+    assert _text_of(head) + _text_of(resumed.content) == _text_of(whole.content)
+    assert after["generations_total"] - before["generations_total"] == 1
 
 
 def test_killed_worker_leaves_the_registry_and_traffic_moves(stack: Stack) -> None:

@@ -46,11 +46,21 @@ class StreamResult:
 
     def error_event(self) -> dict[str, str] | None:
         """The terminal ``data: {"error": ...}`` event, if the stream ended with one."""
-        events = [e for e in self.text.strip().split("\n\n") if e.startswith("data: ")]
-        if not events or events[-1] == "data: [DONE]":
+        events = sse_data(self.text)
+        if not events or events[-1] == "[DONE]":
             return None
-        last = orjson.loads(events[-1][len("data: "):])
+        last = orjson.loads(events[-1])
         return dict(last["error"]) if "error" in last else None
+
+
+def sse_data(text: str) -> list[str]:
+    """The ``data:`` of each SSE event in ``text`` (``id:`` lines and comments skipped)."""
+    found: list[str] = []
+    for block in text.strip().split("\n\n"):
+        data = [line[len("data: "):] for line in block.split("\n") if line.startswith("data: ")]
+        if data:
+            found.append("\n".join(data))
+    return found
 
 
 def stream_in_thread(stack: Stack, body: dict[str, object]) -> tuple[threading.Thread, StreamResult]:

@@ -1,0 +1,151 @@
+"""One streamed generation, written into its ``StreamLog`` instead of to a client.
+
+The generation is admitted by the scheduler, gets its first token from the
+dispatcher (retries and hedges included), then appends each worker event to
+the log, classified (token, usage, done, error). Clients follow the log (see
+``gateway.relay.follow_log``), so the generation neither waits for a slow
+reader nor dies with a client whose connection dropped: it runs on while
+someone reads it or may come back (``StreamLog.abandoned``).
+
+Whatever ends it, the log ends with a terminal event — ``[DONE]`` or an SSE
+error event — and is marked finished; the ticket is released and the worker's
+outcome reported, shielded from cancellation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+import orjson
+
+from gateway.attempt import Attempt, UpstreamCall, WorkerRejected
+from gateway.dispatch import Dispatcher
+from gateway.relay import RelayOutcome, observe_chunk
+from gateway.stream_log import EventKind, StreamLog
+from gateway.tickets import Outcome, Submit, Ticket, TicketDone
+from hedgerow import openai_api as oa
+from hedgerow.actors import ActorRef
+from hedgerow.asgi import sse_event
+from hedgerow.errors import UpstreamFailed
+from hedgerow.sse import SseEvent
+from policies.admission import Refused
+
+log = logging.getLogger("hedgerow.gateway.generation")
+
+
+class DispatchObserver(Protocol):
+    """Told when the first-token phase ended (the request's metrics)."""
+
+    def dispatched(self, submitted: float, assigned: float | None,
+                   upstream: float | None) -> None: ...
+
+
+@dataclass
+class Generation:
+    scheduler: ActorRef
+    dispatcher: Dispatcher
+    stream: StreamLog
+    ticket: Ticket
+    call: UpstreamCall
+    keep_text: bool = False  # the response cache needs the text
+    refused: Refused | None = None  # admission's answer, when it said no
+
+    async def run(self, observer: DispatchObserver | None = None) -> RelayOutcome:
+        """Generate into the log; the outcome says how it ended and the usage."""
+        outcome = RelayOutcome(keep_text=self.keep_text)
+        attempt: Attempt | None = None
+        admitted = False
+        try:
+            refusal = await self.scheduler.ask(Submit(self.ticket))
+            if refusal is not None:
+                self.refused = refusal
+                self.stream.refuse(refusal.to_error())
+                return outcome
+            admitted = True
+            try:
+                attempt = await self.dispatcher.first_token(self.ticket, self.call)
+            except WorkerRejected as rejected:
+                self.stream.refuse(rejected)
+                return outcome
+            except Exception as error:  # before the first token: an HTTP error
+                self.stream.refuse(error)
+                return outcome
+            finally:
+                if observer is not None:
+                    t = self.ticket
+                    observer.dispatched(t.arrival, t.assigned_at, t.upstream_at)
+            self.stream.open(attempt.worker_id, attempt.hedged)
+            await self._relay(attempt, outcome)
+            return outcome
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._end(attempt, outcome, admitted)
+
+    async def _relay(self, attempt: Attempt, outcome: RelayOutcome) -> None:
+        try:
+            for event in attempt.first:
+                self._append(event, outcome, attempt.first_token_at)
+            async for event in attempt.events:
+                self._append(event, outcome, time.monotonic())
+        except UpstreamFailed as error:
+            log.warning("stream from %s failed mid-way: %s", attempt.worker_id, error)
+            self._fail(outcome, error.message, error.code)
+            return
+        if not outcome.complete and not outcome.failed:
+            self._fail(outcome, f"worker {attempt.worker_id} ended the stream before it "
+                       "was complete", "upstream_truncated")
+
+    def _append(self, event: SseEvent, outcome: RelayOutcome, received: float) -> None:
+        self.stream.append(classify(event, outcome), event.raw, received)
+
+    def _fail(self, outcome: RelayOutcome, message: str, code: str) -> None:
+        outcome.failed = True
+        outcome.error_message, outcome.error_code = message, code
+        self._append_error(message, code)
+
+    def _append_error(self, message: str, code: str) -> None:
+        payload = sse_event(oa.error_event(message, UpstreamFailed.error_type, code))
+        self.stream.append("error", payload, time.monotonic())
+
+    async def _end(self, attempt: Attempt | None, outcome: RelayOutcome, admitted: bool) -> None:
+        stream = self.stream
+        if stream.started and not stream.finished and not (outcome.complete or outcome.failed):
+            reason = stream.cancel_reason or "the generation stopped: no client was reading it"
+            self._append_error(reason, "stream_cancelled")
+        stream.finish(time.monotonic())
+        if attempt is not None:
+            await attempt.aclose()
+            result: Outcome = ("failure" if outcome.failed else
+                               "success" if outcome.complete else "abandoned")
+            await self.dispatcher.report(attempt.worker_id, result)
+        if admitted:
+            await self.scheduler.tell(TicketDone(self.ticket, outcome.total_tokens))
+
+
+def classify(event: SseEvent, outcome: RelayOutcome) -> EventKind:
+    """What one worker event is, noting usage, text and the end in ``outcome``;
+    UpstreamFailed for an event that is not a JSON object."""
+    if event.data == "[DONE]":
+        outcome.complete = True
+        return "done"
+    try:
+        chunk = orjson.loads(event.data)
+    except orjson.JSONDecodeError:
+        chunk = None
+    if not isinstance(chunk, dict):
+        raise UpstreamFailed("the worker sent an event that is not a JSON object",
+                             code="upstream_malformed")
+    if "error" in chunk:
+        error = chunk["error"] if isinstance(chunk["error"], dict) else {}
+        outcome.failed = True
+        outcome.error_message = str(error.get("message", "worker error"))
+        outcome.error_code = str(error.get("code") or "upstream_error")
+        return "error"
+    pieces = outcome.pieces
+    if observe_chunk(outcome, chunk):
+        return "usage"
+    return "token" if outcome.pieces > pieces else "other"

@@ -1,0 +1,258 @@
+"""The events of one streamed completion, kept so clients can follow and resume it.
+
+A generation appends its SSE events to a ``StreamLog``; every client reading
+the stream (the one that asked, one that reconnected with ``Last-Event-ID``,
+or an identical request sharing the generation) follows the log at its own
+pace. So the generation never waits for a slow reader, a reader never makes
+the gateway buffer without bound (the log keeps at most ``max_bytes`` of
+events and a reader that falls behind them gets an error), and a client that
+lost its connection can pick up after the last event it saw.
+
+Event ids are 1, 2, 3 … in order; ``after=0`` means from the beginning.
+
+    opening ──► open ──► (events …) ──► finished
+       └──► refused (an error before the first token: the client gets an
+            HTTP error, never a stream)
+
+``StreamBook`` is the gateway's bounded index of logs by request id, with
+time injected: finished logs stay resumable for ``retain_s``, then go.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+import anyio
+
+from hedgerow.errors import StreamGone, StreamNotFound
+
+EventKind = Literal["token", "usage", "done", "error", "other"]
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    id: int
+    kind: EventKind
+    payload: bytes  # the whole SSE event, ``id:`` line included
+    received: float  # monotonic time the gateway got it from the worker
+
+
+class ReaderOverrun(Exception):
+    """A reader fell behind the events the log still holds."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the stream never started: an error to answer with instead."""
+
+    error: BaseException
+
+
+class StreamLog:
+    def __init__(self, request_id: str, tenant: str, max_bytes: int,
+                 include_usage: bool = False) -> None:
+        self.request_id = request_id
+        self.tenant = tenant
+        self.max_bytes = max_bytes
+        # The asking client's stream_options.include_usage, for those who resume it.
+        self.include_usage = include_usage
+        self.worker_id = ""
+        self.hedged = False
+        self.refusal: Refusal | None = None
+        self._started = False
+        self.finished = False
+        self.finished_at = math.inf
+        self.bytes = 0
+        self.readers = 0
+        # Set by whoever stops the generation early, for the stream's last event.
+        self.cancel_reason: str | None = None
+        self._events: deque[LogEvent] = deque()
+        self._next_id = 1
+        self._opened = anyio.Event()
+        self._changed = anyio.Event()
+        self._readers_changed = anyio.Event()
+
+    # -- the generation's side ------------------------------------------------
+
+    def open(self, worker_id: str, hedged: bool) -> None:
+        """The first token is here (``worker_id`` empty: a cache replay): readers
+        may start their responses."""
+        self.worker_id, self.hedged = worker_id, hedged
+        self._started = True
+        self._opened.set()
+
+    def refuse(self, error: BaseException) -> None:
+        """The stream will never start; readers answer with ``error``."""
+        self.refusal = Refusal(error)
+        self.finished = True
+        self._opened.set()
+        self._wake()
+
+    def append(self, kind: EventKind, data: bytes, received: float) -> LogEvent:
+        """Add one event (``data`` is its ``data: …`` line(s), blank line included)."""
+        event_id = self._next_id
+        self._next_id += 1
+        event = LogEvent(event_id, kind, b"id: %d\n" % event_id + data, received)
+        self._events.append(event)
+        self.bytes += len(event.payload)
+        while self.bytes > self.max_bytes and len(self._events) > 1:
+            self.bytes -= len(self._events.popleft().payload)
+        self._wake()
+        return event
+
+    def finish(self, now: float) -> None:
+        if not self.finished:
+            self.finished = True
+            self.finished_at = now
+            self._opened.set()  # a generation cancelled before its first token
+            self._wake()
+            self._readers_moved()
+
+    def cancel(self, reason: str) -> None:
+        """Ask the generation to stop (an explicit cancel); readers get an error event."""
+        if not self.finished and self.cancel_reason is None:
+            self.cancel_reason = reason
+            self._readers_moved()
+
+    # -- the readers' side ----------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def last_id(self) -> int:
+        return self._next_id - 1
+
+    async def wait_open(self) -> None:
+        await self._opened.wait()
+
+    def events_after(self, after: int) -> list[LogEvent]:
+        """The events with ids above ``after``; ReaderOverrun when some were dropped."""
+        if after >= self.last_id:
+            return []
+        first = self._events[0].id if self._events else self._next_id
+        if after + 1 < first:
+            raise ReaderOverrun(f"events {after + 1}..{first - 1} are no longer kept")
+        return list(self._events)[after + 1 - first:]
+
+    def holds_after(self, after: int) -> bool:
+        """Whether a resume from ``after`` can be served in full."""
+        first = self._events[0].id if self._events else self._next_id
+        return after + 1 >= first and after <= self.last_id
+
+    async def wait_beyond(self, after: int, timeout_s: float) -> bool:
+        """Wait until an event above ``after`` exists or the log finished; False on timeout."""
+        with anyio.move_on_after(timeout_s):
+            while after >= self.last_id and not self.finished:
+                await self._changed.wait()
+            return True
+        return False
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Count one reader while the body runs (the generation waits for readers)."""
+        self.readers += 1
+        self._readers_moved()
+        try:
+            yield
+        finally:
+            self.readers -= 1
+            self._readers_moved()
+
+    async def abandoned(self, grace_s: float) -> bool:
+        """Wait while the stream has readers, or may get one back; True when the
+        generation should stop: cancelled, or nobody reading it for ``grace_s``
+        (at once if it never started, as its client never learnt its id)."""
+        while not self.finished:
+            if self.cancel_reason is not None:
+                return True
+            if self.readers > 0:
+                await self._readers_changed.wait()
+                continue
+            if not self.started:
+                return True
+            with anyio.move_on_after(grace_s):
+                while self.readers == 0 and not self.finished and self.cancel_reason is None:
+                    await self._readers_changed.wait()
+            if self.readers == 0 and not self.finished:
+                return True
+        return False
+
+    def _readers_moved(self) -> None:
+        self._readers_changed.set()
+        self._readers_changed = anyio.Event()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+
+class StreamBook:
+    """Logs by request id, bounded by count, total bytes and retention (time injected)."""
+
+    def __init__(self, *, max_streams: int, max_total_bytes: int, retain_s: float) -> None:
+        self.max_streams = max_streams
+        self.max_total_bytes = max_total_bytes
+        self.retain_s = retain_s
+        # request id -> log; a request that joined another's generation has
+        # its own id for the same log.
+        self._logs: OrderedDict[str, tuple[str, StreamLog]] = OrderedDict()
+        # Streams dropped for age or space, so a late resume hears 410, not 404.
+        self._gone: OrderedDict[str, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._logs)
+
+    def configure(self, *, max_streams: int, max_total_bytes: int, retain_s: float) -> None:
+        self.max_streams, self.max_total_bytes, self.retain_s = (
+            max_streams, max_total_bytes, retain_s)
+
+    def add(self, log: StreamLog, now: float) -> None:
+        self.alias(log.request_id, log.tenant, log, now)
+
+    def alias(self, request_id: str, tenant: str, log: StreamLog, now: float) -> None:
+        """Make ``log`` resumable as ``request_id`` by ``tenant``."""
+        self.expire(now)
+        self._logs[request_id] = (tenant, log)
+        self._evict_finished(keep=log)
+
+    def find(self, request_id: str, tenant: str, now: float) -> StreamLog:
+        """The tenant's log for ``request_id``; 404 when unknown or another tenant's,
+        410 when it expired."""
+        self.expire(now)
+        owner, log = self._logs.get(request_id, ("", None))
+        if log is not None and owner == tenant:
+            return log
+        if log is None and self._gone.get(request_id) == tenant:
+            raise StreamGone(f"stream {request_id!r} is no longer kept (finished too long ago)")
+        raise StreamNotFound(f"no stream {request_id!r} to resume")
+
+    def expire(self, now: float) -> None:
+        for request_id in [rid for rid, (_, log) in self._logs.items()
+                           if log.finished and now - log.finished_at > self.retain_s]:
+            self._drop(request_id)
+
+    def total_bytes(self) -> int:
+        return sum(log.bytes for log in {id(log): log for _, log in self._logs.values()}.values())
+
+    def _evict_finished(self, keep: StreamLog) -> None:
+        """Oldest finished logs go first while over a bound; streams in flight stay."""
+        total = self.total_bytes()
+        for request_id, (_, log) in list(self._logs.items()):
+            if len(self._logs) <= self.max_streams and total <= self.max_total_bytes:
+                return
+            if log is not keep and log.finished:
+                total -= log.bytes
+                self._drop(request_id)
+
+    def _drop(self, request_id: str) -> None:
+        tenant, _ = self._logs.pop(request_id)
+        self._gone[request_id] = tenant
+        while len(self._gone) > self.max_streams:
+            self._gone.popitem(last=False)
