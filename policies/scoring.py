@@ -21,15 +21,20 @@ answers three questions in order:
 
 Never returned: draining workers, excluded workers (already tried for this
 request) and workers with no free slot (our in-flight >= slots).
+
+Before all three, a request whose class names a quantization tier
+(``RouteRequest.tier``) ranks that tier's workers ahead of the rest, each
+group ranked as above (``policies.tiers``).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.routing import Candidate
+from policies.tiers import split_by_tier
 
 GPU_KIND = "gpu"
 
@@ -40,6 +45,7 @@ class RouteRequest:
     prefix_key: str | None = None
     prefer_gpu_above_tokens: int = 512
     allow_cpu_fallback: bool = True
+    tier: str | None = None  # the class's quantization tier: its workers first (policies.tiers)
 
     @property
     def is_long(self) -> bool:
@@ -53,6 +59,9 @@ def score_workers(
     exclude: Collection[str] = (),
 ) -> list[Candidate]:
     """The workers that may take ``request``, best first; empty when none may."""
+    if request.tier is not None:  # the tier's workers first, each group ranked on its own
+        return [ranked for group in split_by_tier(candidates, request.tier) for ranked in
+                score_workers(group, replace(request, tier=None), inflight, exclude)]
     eligible = [c for c in candidates if _has_room(c, inflight, exclude)]
     gpu = [c for c in eligible if c.kind == GPU_KIND]
     cpu = [c for c in eligible if c.kind != GPU_KIND]

@@ -97,14 +97,19 @@ class WorkerApp:
 
     async def readyz(self, request: Request) -> None:
         ok = self.state.ready and not self.state.draining
-        await send_json(request.send, 200 if ok else 503, {"ready": ok})
+        body: dict[str, Any] = {"ready": ok}
+        if not self.state.ready:
+            body["warming"] = True  # loaded, still running its warm-up generation
+        await send_json(request.send, 200 if ok else 503, body)
 
     async def status(self, request: Request) -> None:
         body: dict[str, Any] = {
             "worker_id": self.state.worker_id,
             "draining": self.state.draining,
+            "ready": self.state.ready,
             "kind": self.backend.kind,
             "device": self.backend.device,
+            "device_memory_bytes": self.backend.device_memory_bytes,
             "models": list(self.backend.models),
             "slots": self.backend.slots,
             **asdict(self.backend.load()),
@@ -139,6 +144,8 @@ class WorkerApp:
             raise ModelNotFound(f"model {parsed.model!r} is not served by this worker")
         if self.state.draining:
             raise NoHealthyWorker("worker is draining", retry_after=1)
+        if not self.state.ready:  # the warm-up generation still holds the model
+            raise NoHealthyWorker("worker is warming up", retry_after=1)
         request_id = request.header("x-request-id") or uuid.uuid4().hex
         timing = GenerationTiming(started=time.monotonic())
         stream = _ResponseStream(request_id, parsed.model, oa.now_created(), chat,

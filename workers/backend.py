@@ -34,6 +34,7 @@ for benchmarks and tests).
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,6 +113,16 @@ class BackendLoad:
     generations_total: int
     cancelled_total: int
     tokens_generated_total: int
+    # Prompt reuse (backends with a prompt cache; zero elsewhere): generations
+    # whose prompt started with tokens a slot still held (hit) or not (miss),
+    # and how many prompt tokens were taken from the cache instead of computed.
+    prompt_cache_hits_total: int = 0
+    prompt_cache_misses_total: int = 0
+    prompt_tokens_total: int = 0
+    prompt_tokens_reused_total: int = 0
+    # Speculative (prompt-lookup) decoding: tokens drafted, and drafted tokens the model accepted.
+    draft_tokens_total: int = 0
+    draft_tokens_accepted_total: int = 0
 
 
 class GenerationStream(Protocol):
@@ -150,7 +161,8 @@ class Backend(Protocol):
     models: tuple[str, ...]
     slots: int
     kind: str  # "gpu" | "cpu" | "sim" (hedgerow.wire.WorkerKind)
-    device: str | None
+    device: str | None  # the GPU's name on a GPU worker
+    device_memory_bytes: int | None  # and its memory
 
     def generate(self, request: GenerationRequest) -> GenerationStream: ...
 
@@ -195,6 +207,12 @@ class GenerationCounters:
         self.generations_total = 0
         self.cancelled_total = 0
         self.tokens_generated_total = 0
+        self.prompt_cache_hits = 0
+        self.prompt_cache_misses = 0
+        self.prompt_tokens_total = 0
+        self.prompt_tokens_reused_total = 0
+        self.draft_tokens_total = 0
+        self.draft_tokens_accepted_total = 0
 
     def record_tokens(self, count: int = 1) -> None:
         self.tokens_generated_total += count
@@ -203,6 +221,19 @@ class GenerationCounters:
     def record_end(self, cancelled: bool) -> None:
         self.generations_total += 1
         self.cancelled_total += cancelled
+
+    def record_prompt(self, prompt_tokens: int, reused_tokens: int) -> None:
+        """One generation's prompt: how many of its tokens came from the slot's cache."""
+        self.prompt_tokens_total += prompt_tokens
+        self.prompt_tokens_reused_total += reused_tokens
+        if reused_tokens > 0:
+            self.prompt_cache_hits += 1
+        else:
+            self.prompt_cache_misses += 1
+
+    def record_drafts(self, drafted: int, accepted: int) -> None:
+        self.draft_tokens_total += drafted
+        self.draft_tokens_accepted_total += accepted
 
     def load(self, slots: int, pool: SlotPool[Any]) -> BackendLoad:
         return BackendLoad(
@@ -213,7 +244,52 @@ class GenerationCounters:
             generations_total=self.generations_total,
             cancelled_total=self.cancelled_total,
             tokens_generated_total=self.tokens_generated_total,
+            prompt_cache_hits_total=self.prompt_cache_hits,
+            prompt_cache_misses_total=self.prompt_cache_misses,
+            prompt_tokens_total=self.prompt_tokens_total,
+            prompt_tokens_reused_total=self.prompt_tokens_reused_total,
+            draft_tokens_total=self.draft_tokens_total,
+            draft_tokens_accepted_total=self.draft_tokens_accepted_total,
         )
+
+
+ASSISTANT_MARK = "\x00assistant\x01"
+
+
+def prompt_text(request: GenerationRequest) -> str:
+    """The request's prompt as one string whose prefixes match the next turn's.
+
+    A chat's messages are joined with role marks, so the text of turn N plus
+    its answer (``ASSISTANT_MARK`` + answer) is a prefix of turn N+1's text.
+    """
+    if request.messages is None:
+        return request.prompt or ""
+    return "".join(f"\x00{m.get('role', '')}\x01{m.get('content', '')}\x02"
+                   for m in request.messages)
+
+
+def shared_prefix_chars(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings."""
+    return len(os.path.commonprefix([a, b]))
+
+
+# A slot is worth reusing when its cached text covers at least this much of the new prompt.
+SIMILAR_PREFIX_FRACTION = 0.5
+
+
+def slot_preference(held: str, wanted: str) -> tuple[int, int]:
+    """How well a slot holding ``held`` suits a prompt ``wanted`` (higher is better).
+
+    A slot that holds most of the prompt (at least ``SIMILAR_PREFIX_FRACTION``)
+    comes first, the longest shared prefix best. Otherwise taking a slot
+    destroys its cache for little gain, so an empty slot comes next, and then
+    any other, which ``SlotPool`` breaks as "free the longest" (least recently
+    used). The same rule as llama.cpp's server slot selection.
+    """
+    shared = shared_prefix_chars(held, wanted)
+    if shared and shared >= SIMILAR_PREFIX_FRACTION * len(wanted):
+        return (2, shared)
+    return (1, 0) if not held else (0, 0)
 
 
 class SlotPool(Generic[SlotT]):
@@ -221,6 +297,12 @@ class SlotPool(Generic[SlotT]):
 
     A released slot goes straight to the oldest waiter, so a newcomer never
     overtakes the queue. State changes are synchronous; only waiting awaits.
+
+    ``acquire(affinity)`` picks, among the free slots, the one ``affinity``
+    scores highest (e.g. ``slot_preference``: the slot whose cached prompt
+    shares the longest prefix with the request), ties going to the slot free
+    the longest. A waiter takes whichever slot frees first: affinity never
+    delays anyone.
     """
 
     def __init__(self, slots: Iterable[SlotT]) -> None:
@@ -236,9 +318,14 @@ class SlotPool(Generic[SlotT]):
     def waiting(self) -> int:
         return len(self._waiters)
 
-    async def acquire(self) -> SlotT:
+    async def acquire(self, affinity: Callable[[SlotT], tuple[int, int]] | None = None) -> SlotT:
         if self._free and not self._waiters:
-            return self._free.popleft()
+            if affinity is None or len(self._free) == 1:
+                return self._free.popleft()
+            best = max(range(len(self._free)), key=lambda i: (affinity(self._free[i]), -i))
+            slot = self._free[best]
+            del self._free[best]
+            return slot
         waiter: _SlotWaiter[SlotT] = _SlotWaiter()
         self._waiters.append(waiter)
         try:

@@ -15,6 +15,29 @@ slot is never reused while its thread still runs.
 
 Construction loads ``slots`` models and blocks (about 0.2 s each for the
 bundled model); from async code use ``await anyio.to_thread.run_sync(...)``.
+``warm_up()`` (blocking too) then runs one short generation in every slot so
+the first real request does not pay for first-use setup.
+
+**Prompt reuse.** A slot keeps the KV cache of its last prompt and answer,
+and llama-cpp-python evaluates only the part of a new prompt after the
+longest prefix it shares with them. So a conversation's next turn (or any
+prompt with the same system prompt) recomputes only its new tokens when it
+lands in the slot that served the previous one: a free slot is picked by the
+longest shared prefix of text when that covers most of the prompt, else an
+empty slot, else the least recently used (``workers.backend.slot_preference``). Each generation reports its reused tokens (``BackendLoad``'s
+``prompt_cache_*`` and ``prompt_tokens_reused_total``). ``prompt_reuse=False``
+clears the slot before every generation (for comparison benchmarks).
+
+**Prompt-lookup decoding.** With ``prompt_lookup_tokens=N`` every slot gets
+llama-cpp-python's ``LlamaPromptLookupDecoding`` as its draft model: up to N
+tokens copied from the prompt where its last n-gram appeared before are
+verified in one forward pass, which pays off when the answer copies its input
+(extraction, editing, code). Output is unchanged at temperature 0. Accepted
+drafts are counted as sampled tokens minus forward passes (each pass yields
+its accepted drafts plus one token of its own), exact except when a
+generation stops in the middle of a pass. It costs memory: llama-cpp-python
+then keeps logits for every position (n_ctx x vocabulary floats per slot);
+the prompt's pass skips them (only its last position is sampled).
 """
 
 from __future__ import annotations
@@ -30,9 +53,12 @@ from typing import Any, Callable, Generator, Iterator, Literal, Sequence
 import anyio
 import anyio.to_thread
 import llama_cpp
+import numpy as np
+from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 
 from hedgerow.errors import InvalidRequest, ModelUnavailable, RuntimeFault
 from workers.backend import (
+    ASSISTANT_MARK,
     BackendLoad,
     GenerationStreamBase,
     GenerationCounters,
@@ -42,8 +68,10 @@ from workers.backend import (
     GenerationRequest,
     SlotPool,
     TokenChunk,
+    prompt_text,
+    slot_preference,
 )
-from workers.device import DeviceInfo, detect_device
+from workers.device import CPU_DEVICE, DeviceInfo, detect_device
 
 # llama-cpp-python reports a prompt longer than n_ctx as a ValueError with this text.
 _CONTEXT_OVERFLOW_TEXT = "exceed context window"
@@ -56,7 +84,16 @@ class _TokenTally:
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.prompt_tokens = 0
+        self.reused_tokens = 0  # prompt tokens whose KV the slot already held
         self.completion_tokens = 0
+        self.sampled_tokens = 0  # completion tokens plus the end-of-generation token
+        self.forward_passes = 0  # llama eval calls: the prompt's, then one per decode step
+        self.drafted_tokens = 0
+
+    @property
+    def accepted_drafts(self) -> int:
+        """Drafted tokens the model kept: each pass yields its accepted drafts plus one."""
+        return max(0, self.sampled_tokens - self.forward_passes) if self.drafted_tokens else 0
 
 
 class _MeteredLlama(llama_cpp.Llama):
@@ -71,20 +108,62 @@ class _MeteredLlama(llama_cpp.Llama):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.tally = _TokenTally()
+        self.cached_text = ""  # the text whose KV this slot holds (prompt + answer), for affinity
         self._vocab = llama_cpp.llama_model_get_vocab(self.model)
+        if self.draft_model is not None:
+            self.draft_model = _CountingDraft(self.draft_model, self)
 
     def generate(  # type: ignore[override]  # forwards llama's sampling keywords untouched
         self, tokens: Sequence[int], *args: Any, **kwargs: Any
     ) -> Generator[int, None, None]:
         tally = self.tally
         tally.prompt_tokens = len(tokens)
+        tally.reused_tokens = self._reusable_prefix(tokens) if kwargs.get("reset", True) else 0
         with contextlib.closing(super().generate(tokens, *args, **kwargs)) as sampled:
             for token in sampled:
                 if tally.stop.is_set():
                     return
+                tally.sampled_tokens += 1
                 if not llama_cpp.llama_vocab_is_eog(self._vocab, token):
                     tally.completion_tokens += 1
                 yield token
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        self.tally.forward_passes += 1
+        if self.draft_model is None or self.tally.forward_passes > 1:
+            super().eval(tokens)
+            return
+        # A generation's first pass is its prompt, sampled at the last position
+        # only: skip the logits of every other position that drafting needs.
+        self._logits_all = False
+        try:
+            super().eval(tokens)
+        finally:
+            self._logits_all = True
+
+    def _reusable_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of ``tokens`` ``generate`` will take from the KV cache."""
+        held = self.input_ids[: self.n_tokens]
+        n = min(len(held), len(tokens))
+        if n == 0:
+            return 0
+        differ = np.flatnonzero(held[:n] != np.asarray(tokens[:n], dtype=held.dtype))
+        common = int(differ[0]) if differ.size else n
+        # A prompt held whole is re-evaluated from its last token (to refresh the logits).
+        return common - 1 if common == len(tokens) else common
+
+
+class _CountingDraft(LlamaDraftModel):
+    """A draft model that adds the tokens it proposes to its slot's tally."""
+
+    def __init__(self, inner: LlamaDraftModel, owner: _MeteredLlama) -> None:
+        self._inner = inner
+        self._owner = owner
+
+    def __call__(self, input_ids: Any, /, **kwargs: Any) -> Any:
+        drafted = self._inner(input_ids, **kwargs)
+        self._owner.tally.drafted_tokens += len(drafted)
+        return drafted
 
 
 class LlamaBackend:
@@ -105,24 +184,45 @@ class LlamaBackend:
         *,
         device: DeviceInfo | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prompt_reuse: bool = True,
+        prompt_lookup_tokens: int = 0,
     ) -> None:
         if slots < 1:
             raise ValueError("a backend needs at least one slot")
+        if prompt_lookup_tokens < 0:
+            raise ValueError("prompt_lookup_tokens must be 0 (off) or more")
         self.models: tuple[str, ...] = (model_name,)
         self.slots = slots
-        self.kind, self.device = _placement(device, n_gpu_layers)
+        placed = _placement(device, n_gpu_layers)
+        self.kind: Literal["gpu", "cpu"] = placed.kind
+        self.device, self.device_memory_bytes = placed.name, placed.memory_bytes
         self.n_ctx = n_ctx
+        self.prompt_reuse = prompt_reuse
+        self.prompt_lookup_tokens = prompt_lookup_tokens
         threads = n_threads or default_threads_per_slot(slots)
-        self._llamas = [_load_llama(model_path, n_ctx, n_gpu_layers, threads) for _ in range(slots)]
+        self._llamas = [_load_llama(model_path, n_ctx, n_gpu_layers, threads, prompt_lookup_tokens)
+                        for _ in range(slots)]
         self._pool: SlotPool[_MeteredLlama] = SlotPool(self._llamas)
         self._counters = GenerationCounters(clock)
 
     def generate(self, request: GenerationRequest) -> LlamaGeneration:
-        return LlamaGeneration(request, self._pool, self.n_ctx,
-                               self._counters.record_tokens, self._counters.record_end)
+        return LlamaGeneration(request, self._pool, self.n_ctx, self._counters, self.prompt_reuse)
 
     def load(self) -> BackendLoad:
         return self._counters.load(self.slots, self._pool)
+
+    def warm_up(self) -> None:
+        """Run one short generation in every slot (blocking; call before taking traffic).
+
+        The first generation in a fresh llama.cpp context pays one-off costs
+        (compute buffers, thread start-up, weights paged in); this pays them
+        here instead of in a client's first-token time. Not counted in load().
+        """
+        for llama in self._llamas:
+            llama.tally = _TokenTally()
+            llama.create_completion(prompt="Hello", max_tokens=4, temperature=0.0, seed=0)
+            llama.reset()
+            llama.cached_text = ""
 
     def close(self) -> None:
         """Free the models; call only once no generation is running."""
@@ -138,14 +238,16 @@ class LlamaGeneration(GenerationStreamBase):
         request: GenerationRequest,
         pool: SlotPool[_MeteredLlama],
         n_ctx: int,
-        on_tokens: Callable[[int], None],
-        on_end: Callable[[bool], None],
+        counters: GenerationCounters,
+        prompt_reuse: bool = True,
     ) -> None:
         self._request = request
         self._pool = pool
         self._n_ctx = n_ctx
-        self._on_tokens = on_tokens
-        self._on_end = on_end
+        self._counters = counters
+        self._prompt_reuse = prompt_reuse
+        self._prompt_text = prompt_text(request)
+        self._answer: list[str] = []
         self._llama: _MeteredLlama | None = None
         self._tally = _TokenTally()
         self._chunks: Generator[_Chunk, None, None] | None = None
@@ -173,7 +275,10 @@ class LlamaGeneration(GenerationStreamBase):
             self._read_done = None
         if reason is not None:
             self._finish_reason = "length" if reason == "length" else "stop"
-        return TokenChunk(text) if text else self._finish()
+        if not text:
+            return self._finish()
+        self._answer.append(text)
+        return TokenChunk(text)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -199,14 +304,18 @@ class LlamaGeneration(GenerationStreamBase):
             self._report_tokens()
 
     async def _take_slot(self) -> None:
+        affinity = (lambda slot: slot_preference(slot.cached_text, self._prompt_text)
+                    ) if self._prompt_reuse else None
         with self._slot_wait:  # cancelled by aclose() from another task
-            llama = await self._pool.acquire()
+            llama = await self._pool.acquire(affinity)
             llama.tally = self._tally
             self._llama = llama
 
     def _read_blocking(self) -> _Chunk:
         if self._chunks is None:
             assert self._llama is not None
+            if not self._prompt_reuse:
+                self._llama.reset()  # forget the KV cache: the whole prompt is evaluated again
             self._chunks = _llama_chunks(self._llama, self._request)
         for text, reason in self._chunks:
             if text or reason is not None:
@@ -220,8 +329,18 @@ class LlamaGeneration(GenerationStreamBase):
                 self._chunks.close()
         finally:
             self._llama = None
-            self._on_end(self._cut_short or not self._ended)
+            self._record_slot_use(llama)
+            self._counters.record_end(self._cut_short or not self._ended)
             self._pool.release(llama)
+
+    def _record_slot_use(self, llama: _MeteredLlama) -> None:
+        tally = self._tally
+        if tally.prompt_tokens:  # the prompt was evaluated (not refused before, e.g. too long)
+            self._counters.record_prompt(tally.prompt_tokens, tally.reused_tokens)
+            self._counters.record_drafts(tally.drafted_tokens, tally.accepted_drafts)
+        # What the slot's KV now holds, as text: this prompt and the answer so far.
+        held = self._prompt_text + ASSISTANT_MARK + "".join(self._answer)
+        llama.cached_text = held if self._prompt_reuse and tally.prompt_tokens else ""
 
     def _finish(self) -> Finished:
         self._ended = True
@@ -233,7 +352,7 @@ class LlamaGeneration(GenerationStreamBase):
         new_tokens = self._tally.completion_tokens - self._reported_tokens
         self._reported_tokens = self._tally.completion_tokens
         if new_tokens:
-            self._on_tokens(new_tokens)
+            self._counters.record_tokens(new_tokens)
 
     @contextlib.contextmanager
     def _mapped_llama_errors(self) -> Iterator[None]:
@@ -296,16 +415,18 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _placement(device: DeviceInfo | None, n_gpu_layers: int) -> tuple[Literal["gpu", "cpu"], str | None]:
+def _placement(device: DeviceInfo | None, n_gpu_layers: int) -> DeviceInfo:
     if n_gpu_layers == 0:
-        return "cpu", None
-    device = device or detect_device()
-    return (device.kind, device.name) if device.kind == "gpu" else ("cpu", None)
+        return CPU_DEVICE
+    return device or detect_device()
 
 
-def _load_llama(model_path: Path, n_ctx: int, n_gpu_layers: int, threads: int) -> _MeteredLlama:
+def _load_llama(
+    model_path: Path, n_ctx: int, n_gpu_layers: int, threads: int, lookup_tokens: int = 0
+) -> _MeteredLlama:
     if not model_path.is_file():
         raise ModelUnavailable(f"model file not found: {model_path}")
+    draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
     try:
         return _MeteredLlama(
             model_path=str(model_path),
@@ -313,6 +434,7 @@ def _load_llama(model_path: Path, n_ctx: int, n_gpu_layers: int, threads: int) -
             n_gpu_layers=n_gpu_layers,
             n_threads=threads,
             n_threads_batch=threads,
+            draft_model=draft,
             verbose=False,
         )
     except ValueError as exc:  # llama-cpp-python's way of saying the file would not load

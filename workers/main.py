@@ -1,14 +1,24 @@
-"""The worker process: load the model, serve it, register, drain on SIGTERM."""
+"""The worker process: load the model, warm it up, register, serve, drain on SIGTERM.
+
+The model is loaded before the server starts, and a warm-up generation runs
+while ``/readyz`` answers 503 ``warming``; only then does the worker register
+with the control plane, so no request is ever routed to it before it is
+ready and none pays model load or first-use time. A worker's ``labels`` carry
+its quantization tier (``tier``, ``quant``) for tier routing
+(``policies.tiers``).
+"""
 
 from __future__ import annotations
 
 import logging
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskStatus
 
 from hedgerow.actors import Supervisor
@@ -31,13 +41,26 @@ class WorkerOptions:
     worker_id: str | None = None
     model_path: Path | None = None
     model_name: str | None = None
-    slots: int = 1
+    slots: int | None = None  # None: the device's default (4 on a GPU, 1 on the CPU)
     n_ctx: int = 2048
     n_gpu_layers: int | None = None  # None: all layers on a GPU when one is usable, else 0
     labels: dict[str, str] = field(default_factory=dict)
     drain_timeout_s: float = 30.0
     sim: LatencyModel | None = None  # set for `--backend sim`
     sim_seed: int | None = None
+    quant: str | None = None  # serve the bundled model in this quantization (workers.models)
+    tier: str | None = None  # advertised as labels["tier"]; the policy maps classes to tiers
+    prompt_reuse: bool = True
+    prompt_lookup_tokens: int = 0  # prompt-lookup speculative decoding: draft length, 0 = off
+    warm_up: bool = True
+
+    def advertised_labels(self) -> dict[str, str]:
+        labels = dict(self.labels)
+        if self.tier:
+            labels["tier"] = self.tier
+        if self.quant:
+            labels["quant"] = self.quant.lower()
+        return labels
 
 
 def build_sim_backend(options: WorkerOptions) -> Backend:
@@ -46,30 +69,44 @@ def build_sim_backend(options: WorkerOptions) -> Backend:
 
     name = options.model_name or DEFAULT_MODEL_NAME
     latency = options.sim or LatencyModel()
-    log.info("simulating %s with %d slot(s): %s", name, options.slots, latency)
-    return SimBackend(name, options.slots, latency, options.sim_seed)
+    slots = options.slots or 1
+    log.info("simulating %s with %d slot(s): %s", name, slots, latency)
+    return SimBackend(name, slots, latency, options.sim_seed)
 
 
 def build_llama_backend(options: WorkerOptions) -> Backend:
-    from workers.device import detect_device
+    from workers.device import CPU_DEVICE, detect_device
     from workers.llama_backend import LlamaBackend
-    from workers.models import DEFAULT_MODEL_NAME, bundled_model_path, model_name_for
+    from workers.models import (
+        DEFAULT_MODEL_NAME,
+        bundled_model_path,
+        model_name_for,
+        model_variant_path,
+    )
 
-    path = options.model_path or bundled_model_path()
+    if options.quant and options.model_path is not None:
+        raise ValueError("--quant picks a variant of the bundled model; not with --model-path")
+    path = options.model_path or (
+        model_variant_path(options.quant) if options.quant else bundled_model_path())
     name = options.model_name or (
         DEFAULT_MODEL_NAME if options.model_path is None else model_name_for(path)
     )
     device = detect_device()
     layers = device.gpu_layers if options.n_gpu_layers is None else options.n_gpu_layers
+    if layers == 0:
+        device = CPU_DEVICE
+    slots = options.slots or device.default_slots
     log.info("loading %s from %s with %d slot(s) on %s (%s, gpu layers %d)",
-             name, path, options.slots, device.kind, device.name or "host CPU", layers)
+             name, path, slots, device.kind, device.name or "host CPU", layers)
     return LlamaBackend(
         model_path=path,
         model_name=name,
-        slots=options.slots,
+        slots=slots,
         n_ctx=options.n_ctx,
         n_gpu_layers=layers,
         device=device,
+        prompt_reuse=options.prompt_reuse,
+        prompt_lookup_tokens=options.prompt_lookup_tokens,
     )
 
 
@@ -91,19 +128,22 @@ async def run_worker(
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     worker_id = options.worker_id or f"{backend.kind}-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
-    state = WorkerState(worker_id=worker_id)
+    state = WorkerState(worker_id=worker_id, ready=False)
     app = WorkerApp(backend, state)
     server_stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         port = await tg.start(serve_internal, app, options.host, options.port, server_stop)
+        await warm_up(backend, options.warm_up)
+        state.ready = True
         registration = WorkerRegistration(
             worker_id=worker_id,
             url=f"http://{options.advertise_host or options.host}:{port}",
             kind=backend.kind,  # type: ignore[arg-type]
             device=backend.device,
+            device_memory_bytes=backend.device_memory_bytes,
             models=backend.models,
             slots=backend.slots,
-            labels=options.labels,
+            labels=options.advertised_labels(),
         )
         async with Supervisor() as supervisor:
             link = await supervisor.spawn(
@@ -116,6 +156,16 @@ async def run_worker(
             await shutdown.wait()
             await _drain(options, backend, state, link)
         server_stop.set()
+
+
+async def warm_up(backend: Backend, enabled: bool = True) -> None:
+    """Run the backend's warm-up generation (if it has one) off the event loop."""
+    run = getattr(backend, "warm_up", None)  # the llama backend has one; simulated ones need none
+    if not enabled or run is None:
+        return
+    started = time.monotonic()
+    await anyio.to_thread.run_sync(run)
+    log.info("warmed up %d slot(s) in %.2f s", backend.slots, time.monotonic() - started)
 
 
 async def _drain(options: WorkerOptions, backend: Backend, state: WorkerState, link: object) -> None:

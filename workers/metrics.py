@@ -13,6 +13,15 @@
   ``hedgerow_worker_active``, ``hedgerow_worker_queued``,
   ``hedgerow_worker_tokens_per_second`` (decode rate over the last seconds),
   ``hedgerow_worker_tokens_total`` and ``hedgerow_worker_draining``.
+- Prompt reuse, from ``Backend.load()``:
+  ``hedgerow_worker_prompt_cache_lookups_total{result="hit"|"miss"}``
+  (a hit: the prompt started with tokens its slot still held),
+  ``hedgerow_worker_prompt_tokens_total`` and
+  ``hedgerow_worker_prompt_tokens_reused_total`` (prompt tokens taken from the
+  cache instead of computed).
+- Prompt-lookup decoding: ``hedgerow_worker_draft_tokens_total`` and
+  ``hedgerow_worker_draft_tokens_accepted_total``; their ratio is the
+  acceptance rate.
 """
 
 from __future__ import annotations
@@ -115,4 +124,23 @@ def load_families(load: BackendLoad, draining: bool) -> list[Metric]:
                             value=load.tokens_generated_total),
         gauge("hedgerow_worker_draining", "1 while the worker drains for shutdown.",
               1 if draining else 0),
+        _prompt_cache_family(load),
+        CounterMetricFamily("hedgerow_worker_prompt_tokens_total", "Prompt tokens of finished "
+                            "generations.", value=load.prompt_tokens_total),
+        CounterMetricFamily("hedgerow_worker_prompt_tokens_reused_total", "Prompt tokens taken "
+                            "from a slot's KV cache instead of computed.",
+                            value=load.prompt_tokens_reused_total),
+        CounterMetricFamily("hedgerow_worker_draft_tokens_total", "Tokens drafted by "
+                            "prompt-lookup decoding.", value=load.draft_tokens_total),
+        CounterMetricFamily("hedgerow_worker_draft_tokens_accepted_total", "Drafted tokens the "
+                            "model accepted.", value=load.draft_tokens_accepted_total),
     ]
+
+
+def _prompt_cache_family(load: BackendLoad) -> CounterMetricFamily:
+    family = CounterMetricFamily("hedgerow_worker_prompt_cache_lookups_total", "Generations "
+                                 "whose prompt did (hit) or did not (miss) start with tokens "
+                                 "their slot still held.", labels=("result",))
+    family.add_metric(("hit",), load.prompt_cache_hits_total)
+    family.add_metric(("miss",), load.prompt_cache_misses_total)
+    return family

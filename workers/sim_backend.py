@@ -146,6 +146,7 @@ class SimBackend:
 
     kind = "sim"
     device: str | None = None
+    device_memory_bytes: int | None = None
 
     def __init__(
         self,
