@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.h3client import h3_request
 from tests.support.stack import Stack, wait_for
+from tests.support.streams import sse_data
 
 pytestmark = pytest.mark.e2e
 
@@ -47,9 +48,12 @@ def tls(stack: Stack) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=stack.ca_cert)
 
 
-def client(stack: Stack, http2: bool = False) -> httpx.Client:
+def client(stack: Stack, http2: bool = False, *, fresh: bool = True) -> httpx.Client:
+    """``fresh``: ask for live generation (``cache-control: no-cache``), as most
+    tests here check what the worker did; the cache has its own tests."""
+    headers = {"cache-control": "no-cache"} if fresh else {}
     return httpx.Client(base_url=stack.gateway_url, verify=tls(stack), http2=http2,
-                        http1=not http2, timeout=60)
+                        http1=not http2, timeout=60, headers=headers)
 
 
 def read_sse(response: httpx.Response) -> list[tuple[float, str]]:
@@ -98,7 +102,8 @@ async def test_streaming_chat_over_http3(stack: Stack) -> None:
     body = orjson.dumps(chat_body(stream=True))
     response = await h3_request(
         "127.0.0.1", stack.gateway_port, "POST", "/v1/chat/completions",
-        headers=[("content-type", "application/json")], body=body,
+        headers=[("content-type", "application/json"), ("cache-control", "no-cache")],
+        body=body,
         cafile=stack.ca_cert, server_name="localhost", timeout_s=60,
     )
     assert response.status == 200
@@ -110,7 +115,7 @@ async def test_streaming_chat_over_http3(stack: Stack) -> None:
         buffer += chunk.data
         while b"\n\n" in buffer:
             block, buffer = buffer.split(b"\n\n", 1)
-            events.append((chunk.received_at, block.decode()[len("data: "):]))
+            events += [(chunk.received_at, data) for data in sse_data(block.decode())]
     assert_streamed_tokens(events)
 
 
@@ -153,6 +158,24 @@ def test_non_streaming_chat_returns_one_completion(stack: Stack) -> None:
     assert body["usage"]["prompt_tokens"] > 5
 
 
+def test_a_repeated_deterministic_request_is_an_exact_cache_hit(stack: Stack) -> None:
+    body = chat_body("Name one colour of a hedge.", max_tokens=12, stream=True)
+    with client(stack, fresh=False) as http:
+        live = http.post("/v1/chat/completions", json=body)
+        before = stack.worker_status("w-main")
+        cached = http.post("/v1/chat/completions", json=body)
+        after = stack.worker_status("w-main")
+    assert live.headers["x-hedgerow-cache"] == "miss"
+    assert cached.headers["x-hedgerow-cache"] == "exact"
+    assert after["generations_total"] == before["generations_total"]
+    assert sse_data(cached.text)[-1] == "[DONE]"
+    text = [orjson.loads(d)["choices"][0]["delta"].get("content") or ""
+            for d in sse_data(cached.text)[:-1] if orjson.loads(d)["choices"]]
+    live_text = [orjson.loads(d)["choices"][0]["delta"].get("content") or ""
+                 for d in sse_data(live.text)[:-1] if orjson.loads(d)["choices"]]
+    assert "".join(text) == "".join(live_text) != ""
+
+
 def test_text_completion_and_model_alias(stack: Stack) -> None:
     with client(stack) as http:
         response = http.post("/v1/completions",
@@ -176,10 +199,10 @@ def test_health_readiness_and_page(stack: Stack) -> None:
 RESUME_GRACE_S = 5.0  # policies/default.yaml streams.resume_grace_ms
 
 
-def _read_events(response: httpx.Response, count: int) -> bytes:
-    """The raw bytes of the first ``count`` whole SSE events."""
+def _read_events(chunks: Iterator[bytes], count: int) -> bytes:
+    """The raw bytes of the first ``count`` whole SSE events (a few bytes more may be read)."""
     raw = b""
-    for data in response.iter_raw():
+    for data in chunks:
         raw += data
         if raw.count(b"\n\n") >= count:
             break
@@ -217,7 +240,7 @@ def test_client_disconnect_stops_generation_after_the_resume_grace(stack: Stack)
             "temperature": 0, "stream": True}
     with client(stack) as http:
         with http.stream("POST", "/v1/completions", json=body) as response:
-            _read_events(response, 5)
+            _read_events(response.iter_raw(), 5)
     left = time.monotonic()
     # The client went away after a few tokens: the generation waits for it to
     # resume for the grace, then the worker stops within a token or so.
@@ -236,11 +259,12 @@ def test_cancel_stops_the_generation_at_once(stack: Stack) -> None:
             "temperature": 0, "stream": True}
     with client(stack) as http:
         with http.stream("POST", "/v1/completions", json=body) as response:
-            _read_events(response, 5)
+            chunks = response.iter_raw()
+            _read_events(chunks, 5)
             request_id = response.headers["x-request-id"]
             cancelled = http.post(f"/v1/completions/{request_id}/cancel")
             assert cancelled.status_code == 200 and cancelled.json()["cancelled"] is True
-            rest = b"".join(response.iter_raw())
+            rest = b"".join(chunks)
     assert b'"code":"stream_cancelled"' in rest
     status = _settled_after(stack, before, timeout=3)
     generated = status["tokens_generated_total"] - before["tokens_generated_total"]
@@ -252,21 +276,22 @@ def test_a_cut_stream_resumes_with_last_event_id_and_matches_an_uninterrupted_on
     body = {"model": MODEL, "prompt": "The fox and the hedge:", "max_tokens": 60,
             "temperature": 0, "stream": True}
     with client(stack) as http:
-        whole = http.post("/v1/completions", json=body)
         before = stack.worker_status("w-main")
-        # no-cache: the cut request must generate, not replay the first one's answer.
-        with http.stream("POST", "/v1/completions", json=body,
-                         headers={"cache-control": "no-cache"}) as response:
-            head = _read_events(response, 6)
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            head = _read_events(response.iter_raw(), 6)
             request_id = response.headers["x-request-id"]
         last_id = int(head.decode().strip().split("\n\n")[-1].split("\n")[0][len("id: "):])
         resumed = http.get(f"/v1/completions/{request_id}/events",
                            headers={"last-event-id": str(last_id)})
+        # The same generation read without interruption, from its first event.
+        whole = http.get(f"/v1/completions/{request_id}/events")
         after = stack.worker_status("w-main")
     assert resumed.status_code == 200
     assert resumed.text.startswith(f"id: {last_id + 1}\n")
     assert resumed.text.rstrip().endswith("data: [DONE]")
-    assert _text_of(head) + _text_of(resumed.content) == _text_of(whole.content)
+    assert head + resumed.content == whole.content
+    assert len(_text_of(head)) > 0 and len(_text_of(resumed.content)) > 0
+    # Generated once: the worker ran one generation for the cut request and both reads.
     assert after["generations_total"] - before["generations_total"] == 1
 
 
