@@ -11,7 +11,6 @@ it, which stops the generation upstream.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import uuid
@@ -61,7 +60,9 @@ from hedgerow.logs import request_id_var
 from hedgerow.metrics import CONTENT_TYPE
 from hedgerow.sse import SseParser
 from hedgerow.wire import RegistrySnapshot
-from policies.schema import Policy
+from policies.schema import Policy, PriorityClass
+from policies.affinity import conversation_key
+from policies.request_limits import check_request_limits
 from policies.scoring import RouteRequest
 from policies.tenancy import Identity, identify
 
@@ -191,21 +192,33 @@ class GatewayApp:
         observed.klass = identity.priority_class
         _require_json(request)
         body = await request.body(policy.limits.max_body_bytes)
-        parsed = oa.parse_request(body, shape)
-        _check_limits(policy, parsed)
+        request_json = oa.decode_request(body)  # decoded once: validation, cache, upstream
+        parsed = oa.validate_request(request_json, shape)
+        check_request_limits(policy, identity.priority_class,
+                             message_chars=parsed.message_chars(),
+                             token_limit=parsed.token_limit(),
+                             chat=isinstance(parsed, oa.ChatCompletionRequest))
         model = policy.canonical_model(parsed.model)
         self._ensure_model_known(policy, model)
         observed.labelled(model, identity.priority_class)
-        ticket = self._ticket(policy, request, identity, parsed, model)
-        call = UpstreamCall(ticket.request_id, request.path, _upstream_body(body, model), model)
-        chat = isinstance(parsed, oa.ChatCompletionRequest)
-        wanted = Wanted(ticket, call, parsed, chat, observed)
+        arrived = time.monotonic()
+        # A bad deadline header is refused even when the cache could answer.
+        klass = policy.priority_class(identity.priority_class)
+        deadline_ms, due_ms = _deadlines(klass, request.header("x-hedgerow-deadline-ms"))
+        asked = Asked(request.scope["hedgerow.request_id"], identity.tenant, model, policy,
+                      parsed, observed)
         with self.drain.track() as in_flight:
             request.send = in_flight.watch(request.send)
-            caching = await self._cache_lookup(request, wanted, body)
+            caching = await self._cache_lookup(request, asked, request_json)
             if isinstance(caching, Hit):
-                await self._replay(request, wanted, caching)
+                await self._replay(request, asked, caching)
                 return True
+            # A miss: only now is the work for a worker prepared.
+            ticket = self._ticket(asked, identity, klass, arrived, deadline_ms, due_ms)
+            call = UpstreamCall(ticket.request_id, request.path,
+                                _upstream_body(request_json, model), model)
+            chat = isinstance(parsed, oa.ChatCompletionRequest)
+            wanted = Wanted(ticket, call, parsed, chat, observed)
             flight = self._flights.get(caching.key) if caching is not None else None
             if flight is not None and flight.joinable():
                 return await self._join(request, wanted, flight)
@@ -213,24 +226,19 @@ class GatewayApp:
         await _end_cut_request(request, in_flight)
         return True
 
-    def _ticket(self, policy: Policy, request: Request, identity: Identity,
-                parsed: oa.ChatCompletionRequest | oa.CompletionRequest, model: str) -> Ticket:
-        now = time.monotonic()
-        klass = policy.priority_class(identity.priority_class)
-        asked = request.header("x-hedgerow-deadline-ms")
-        deadline_ms = _tighter_deadline(klass.deadline_ms, asked)
-        # Served in order of first-token due time: the class's SLO, or sooner
-        # when the client asked for a tighter deadline than that.
-        due_ms = klass.ttft_slo_ms if asked is None else min(klass.ttft_slo_ms, deadline_ms)
+    def _ticket(self, asked: Asked, identity: Identity, klass: PriorityClass, now: float,
+                deadline_ms: int, due_ms: int) -> Ticket:
+        policy, parsed, model = asked.policy, asked.parsed, asked.model
         prompt_tokens = estimate_prompt_tokens(parsed)
         route = RouteRequest(
             prompt_tokens=prompt_tokens,
             prefix_key=prefix_key(model, parsed),
             prefer_gpu_above_tokens=policy.routing.prefer_gpu_above_tokens,
             allow_cpu_fallback=policy.routing.allow_cpu_fallback,
+            tier=klass.tier,
         )
         return Ticket(
-            request_id=request.scope["hedgerow.request_id"], tenant=identity.tenant,
+            request_id=asked.request_id, tenant=identity.tenant,
             model=model, arrival=now, due=now + due_ms / 1000, deadline=now + deadline_ms / 1000,
             estimated_tokens=prompt_tokens + (parsed.token_limit() or DEFAULT_OUTPUT_ESTIMATE),
             # Only idempotent requests race on two workers.
@@ -238,44 +246,41 @@ class GatewayApp:
 
     # -- the response cache ----------------------------------------------
 
-    async def _cache_lookup(self, request: Request, wanted: Wanted,
-                            body: bytes) -> Hit | Caching | None:
+    async def _cache_lookup(self, request: Request, asked: Asked,
+                            request_json: dict[str, Any]) -> Hit | Caching | None:
         """A cached answer; else how to share and store this one (None: not cacheable)."""
         cache = self.cache
         if cache is None:
             return None
-        ticket = wanted.ticket
-        policy = ticket.policy or self.policy
-        request_json: dict[str, Any] = orjson.loads(body)
         headers = request.scope["headers"]
-        if not cacheable(ticket.tenant, request_json, policy):
+        if not cacheable(asked.tenant, request_json, asked.policy):
             self.metrics.cache_lookup("uncacheable")
             return None
-        hit = await cache.lookup(ticket.tenant, ticket.model, request_json, headers)
+        hit = await cache.lookup(asked.tenant, asked.model, request_json, headers)
         if hit is not None:
             self.metrics.cache_lookup(hit.kind)
             return hit
         bypass = bypasses_lookup({"cache-control": request.header("cache-control") or ""})
         self.metrics.cache_lookup("bypass" if bypass else "miss")
-        key = cache.keys(ticket.tenant, ticket.model, request_json).exact
+        key = cache.keys(asked.tenant, asked.model, request_json).exact
         # A client that asked for a fresh answer never joins someone else's.
         return Caching(key, request_json, headers, share=not bypass)
 
-    async def _replay(self, request: Request, wanted: Wanted, hit: Hit) -> None:
+    async def _replay(self, request: Request, asked: Asked, hit: Hit) -> None:
         """Answer from the cache: the same SSE events (with ids) or JSON body as live."""
-        ticket, parsed = wanted.ticket, wanted.parsed
-        wanted.observed.responded(200)
+        parsed, request_id = asked.parsed, asked.request_id
+        asked.observed.responded(200)
         if not parsed.stream:
-            body = orjson.dumps(hit.json(ticket.request_id, model=parsed.model))
+            body = orjson.dumps(hit.json(request_id, model=parsed.model))
             await send_bytes(request.send, 200, body, _answer_headers(
-                ticket.request_id, None, hit.kind.encode(), hedged=False))
+                request_id, None, hit.kind.encode(), hedged=False))
             return
-        settings = (ticket.policy or self.policy).streams
-        stream = StreamLog(ticket.request_id, ticket.tenant, settings.max_buffer_bytes,
+        settings = asked.policy.streams
+        stream = StreamLog(request_id, asked.tenant, settings.max_buffer_bytes,
                            include_usage=parsed.include_usage())
         now = time.monotonic()
         parser, seen = SseParser(), RelayOutcome()
-        for raw in hit.sse(ticket.request_id, model=parsed.model,
+        for raw in hit.sse(request_id, model=parsed.model,
                            include_usage=parsed.include_usage()):
             for event in parser.feed(raw):
                 stream.append(classify(event, seen), event.raw, now)
@@ -284,7 +289,7 @@ class GatewayApp:
         self.streams.add(stream, now)
         with stream.reading():
             await cancel_on_disconnect(request, lambda: self._answer_stream(
-                request, stream, 0, wanted.observed, cache=hit.kind.encode()))
+                request, stream, 0, asked.observed, cache=hit.kind.encode()))
 
     # -- a generation writes a log; clients follow it ---------------------
 
@@ -466,8 +471,20 @@ class GatewayApp:
 
 
 @dataclass(frozen=True)
+class Asked:
+    """One validated completion request: enough to answer it from the cache."""
+
+    request_id: str
+    tenant: str
+    model: str  # canonical
+    policy: Policy  # the one in force when it arrived
+    parsed: oa.ChatCompletionRequest | oa.CompletionRequest
+    observed: RequestMetrics
+
+
+@dataclass(frozen=True)
 class Wanted:
-    """One completion request, ready to serve."""
+    """One completion request that missed the cache, ready to schedule."""
 
     ticket: Ticket
     call: UpstreamCall
@@ -508,21 +525,6 @@ def _answer_headers(request_id: str, worker_id: str | None, cache: bytes,
     return headers
 
 
-def _check_limits(policy: Policy, parsed: oa.ChatCompletionRequest | oa.CompletionRequest) -> None:
-    limits = policy.limits
-    if isinstance(parsed, oa.ChatCompletionRequest) and len(parsed.messages) > limits.max_messages:
-        raise InvalidRequest(
-            f"too many messages: {len(parsed.messages)} > {limits.max_messages}",
-            param="messages",
-        )
-    wanted = parsed.token_limit()
-    if wanted is not None and wanted > limits.max_tokens:
-        raise InvalidRequest(
-            f"max_tokens {wanted} exceeds the limit of {limits.max_tokens}",
-            param="max_tokens",
-        )
-
-
 DEFAULT_OUTPUT_ESTIMATE = 256
 
 
@@ -536,11 +538,22 @@ def estimate_prompt_tokens(parsed: oa.ChatCompletionRequest | oa.CompletionReque
 
 
 def prefix_key(model: str, parsed: oa.ChatCompletionRequest | oa.CompletionRequest) -> str | None:
-    """The conversation so far (all but the newest message), for prompt-cache affinity."""
-    if not isinstance(parsed, oa.ChatCompletionRequest) or len(parsed.messages) < 2:
+    """The conversation's key for prompt-cache affinity: the same for every turn,
+    so each next turn goes to the worker holding the conversation's KV cache."""
+    if not isinstance(parsed, oa.ChatCompletionRequest):
         return None
-    earlier = [(m.role, m.text()) for m in parsed.messages[:-1]]
-    return hashlib.blake2b(orjson.dumps([model, earlier]), digest_size=16).hexdigest()
+    return conversation_key(model, [(m.role, m.text()) for m in parsed.messages])
+
+
+def _deadlines(klass: PriorityClass, header: str | None) -> tuple[int, int]:
+    """The request's deadline and first-token due time (ms from arrival).
+
+    Served in order of first-token due time: the class's SLO, or sooner when
+    the client asked for a tighter deadline than that.
+    """
+    deadline_ms = _tighter_deadline(klass.deadline_ms, header)
+    due_ms = klass.ttft_slo_ms if header is None else min(klass.ttft_slo_ms, deadline_ms)
+    return deadline_ms, due_ms
 
 
 def _tighter_deadline(class_deadline_ms: int, header: str | None) -> int:
@@ -566,13 +579,11 @@ def _last_event_id(request: Request) -> int:
     return int(raw)
 
 
-def _upstream_body(body: bytes, model: str) -> bytes:
-    """Workers are always asked to stream, with usage, for the canonical model name."""
-    data: dict[str, Any] = orjson.loads(body)
-    data["model"] = model
-    data["stream"] = True
-    data["stream_options"] = {"include_usage": True}
-    return orjson.dumps(data)
+def _upstream_body(request_json: dict[str, Any], model: str) -> bytes:
+    """Workers are always asked to stream, with usage, for the canonical model name.
+    (A copy: ``request_json`` is also the cache's key material.)"""
+    return orjson.dumps({**request_json, "model": model, "stream": True,
+                         "stream_options": {"include_usage": True}})
 
 
 async def _end_cut_request(request: Request, in_flight: InFlight) -> None:

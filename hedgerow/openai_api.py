@@ -18,6 +18,9 @@ from hedgerow.errors import InvalidRequest
 
 MAX_MESSAGES = 512
 MAX_STOP = 4
+# Objects and arrays nested deeper than this are refused (400). Real requests
+# nest a few levels (tool schemas a dozen or so); orjson's own bound is 1024.
+MAX_JSON_DEPTH = 64
 
 
 class ChatMessage(BaseModel):
@@ -75,9 +78,16 @@ class _Sampling(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
 
+    def message_chars(self) -> tuple[int, ...]:
+        """Text characters in each message (what the policy's limits bound)."""
+        return tuple(len(m.text()) for m in self.messages)
+
 
 class CompletionRequest(_Sampling):
     prompt: str = Field(max_length=1_000_000)
+
+    def message_chars(self) -> tuple[int, ...]:
+        return (len(self.prompt),)
 
 
 R = TypeVar("R", bound=_Sampling)
@@ -85,12 +95,29 @@ R = TypeVar("R", bound=_Sampling)
 
 def parse_request(body: bytes, model: type[R]) -> R:
     """Decode and validate a request body, or raise ``InvalidRequest``."""
+    return validate_request(decode_request(body), model)
+
+
+def decode_request(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object (not yet validated), or ``InvalidRequest``.
+
+    The gateway decodes a body once and hands the dict to validation, the
+    cache key and the upstream body alike.
+    """
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as error:
         raise InvalidRequest(f"request body is not valid JSON: {error}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object")
+    if nested_deeper_than(data, MAX_JSON_DEPTH):
+        raise InvalidRequest(f"request body nests objects or arrays more than {MAX_JSON_DEPTH} "
+                             "levels deep", code="json_too_deep")
+    return data
+
+
+def validate_request(data: dict[str, Any], model: type[R]) -> R:
+    """Validate a decoded body (``decode_request``), or raise ``InvalidRequest``."""
     try:
         return model.model_validate(data)
     except ValidationError as error:
@@ -98,6 +125,19 @@ def parse_request(body: bytes, model: type[R]) -> R:
         param = ".".join(str(part) for part in first["loc"]) or None
         message = f"invalid value for {param!r}: {first['msg']}" if param else first["msg"]
         raise InvalidRequest(message, param=param, code="invalid_value") from None
+
+
+def nested_deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
+    """Whether ``value`` nests dicts/lists more than ``limit`` levels (no recursion)."""
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (dict, list)))
+    return False
 
 
 def completion_id(request_id: str) -> str:
