@@ -5,10 +5,23 @@
                 admission. Shows SLO attainment, what was shed and how fast.
 ``overhead``    a fixed-latency worker measured directly, through Hedgerow
                 and through nginx in interleaved rounds (see ``bench.overhead``).
+``throughput``  exact cache hits over HTTP/2 through Hedgerow vs a bare
+                Hypercorn hello-world app, interleaved, with h2load
+                (see ``bench.throughput``).
 ``stragglers``  2% of requests ten times slower, hedging on and off. Shows
                 TTFT percentiles and the extra worker requests hedging cost.
+``worker``      the real bundled model in-process (``bench.worker_scenario``):
+                prompt reuse across turns, prompt-lookup decoding, warm
+                start and quantization tiers.
+``pops``        two PoPs in network namespaces over an emulated WAN
+                (``bench.pops``): local-first versus locality-blind routing,
+                and one PoP's workers all killed. Needs root (``ip netns``).
+``cache``       response-cache hit and miss latency through the gateway, semantic
+                precision and recall on the paraphrase set (``bench.cache_scenario``).
+``soak``        mixed traffic with worker kills and freezes for ``--duration``
+                seconds; RSS over time, errors by kind, tasks left (``bench.soak``).
 
-All run simulated workers (a latency model, ``--backend sim``). ``overload``
+The others run simulated workers (a latency model, ``--backend sim``). ``overload``
 and ``stragglers`` measure the gateway's scheduling with open-loop Poisson
 load whose latencies count from the intended send time. Each scenario writes
 PNG plots (latency CDFs, latency over time) next to its process logs in the
@@ -269,17 +282,63 @@ def stragglers(quick: bool, workdir: Path) -> dict[str, Any]:
     return results
 
 
+def throughput(quick: bool, workdir: Path) -> dict[str, Any]:
+    """Cache-hit requests/s, Hedgerow vs bare Hypercorn (``bench.throughput``); needs h2load."""
+    from bench.throughput import throughput as run
+
+    return run(quick, workdir)
+
+
+def worker(quick: bool, workdir: Path) -> dict[str, Any]:
+    """Prompt reuse, prompt-lookup decoding, warm start, tiers on the real model (``bench.worker_scenario``)."""
+    from bench.worker_scenario import worker as run  # loads llama.cpp: only when asked for
+
+    return run(quick, workdir)
+
+
+def pops(quick: bool, workdir: Path) -> dict[str, Any]:
+    """Two PoPs over an emulated WAN (``bench.pops.scenario``); needs root for ``ip netns``."""
+    from bench.pops.scenario import pops as run
+
+    return run(quick, workdir)
+
+
+def cache(quick: bool, workdir: Path) -> dict[str, Any]:
+    """Cache hit/miss latency and semantic accuracy (``bench.cache_scenario``)."""
+    from bench.cache_scenario import cache as run  # loads MiniLM: only when asked for
+
+    return run(quick, workdir)
+
+
+def soak(quick: bool, workdir: Path, duration_s: float | None = None) -> dict[str, Any]:
+    """Mixed traffic with worker faults, watching RSS and tasks (``bench.soak``); not in CI."""
+    from bench.soak import soak as run
+
+    return run(quick, workdir, duration_s)
+
+
 SCENARIOS: dict[str, Callable[[bool, Path], dict[str, Any]]] = {
     "overhead": overhead,
     "overload": overload,
     "stragglers": stragglers,
+    "throughput": throughput,
+    "worker": worker,
+    "pops": pops,
+    "cache": cache,
+    "soak": soak,
 }
 
 
-def run_scenario(name: str, quick: bool, workdir: Path | None = None) -> dict[str, Any]:
+def run_scenario(name: str, quick: bool, workdir: Path | None = None,
+                 duration_s: float | None = None) -> dict[str, Any]:
     if name not in SCENARIOS:
         raise SystemExit(f"hedgerow bench: unknown scenario {name!r}; "
                          f"choose from {', '.join(sorted(SCENARIOS))}")
+    if duration_s is not None:
+        if name != "soak":
+            raise SystemExit("hedgerow bench: --duration applies to the soak scenario only")
+        return soak(quick, workdir or Path(tempfile.mkdtemp(prefix="hedgerow-bench-soak-")),
+                    duration_s)
     if workdir is not None:
         return SCENARIOS[name](quick, workdir)
     with tempfile.TemporaryDirectory(prefix=f"hedgerow-bench-{name}-") as tmp:

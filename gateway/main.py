@@ -10,6 +10,8 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from control_plane.admin_auth import admin_bind_host
+from gateway.admin import GatewayAdmin
 from gateway.app import GatewayApp
 from gateway.cache import ResponseCache
 from gateway.cors import CorsMiddleware
@@ -24,6 +26,7 @@ from gateway.transport import build_config, local_hosts, serve
 from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
+from hedgerow.serving import serve_internal
 from hedgerow.wire import RegistrySnapshot
 from policies.loader import policy_checksum
 from policies.schema import DEFAULT_POLICY_PATH, Policy, load_policy
@@ -59,6 +62,11 @@ class GatewayOptions:
     # Tenants' requests/s limits shared with every gateway on this Redis
     # (``gateway.shared_limits``). None: each gateway limits on its own.
     redis_url: str | None = None
+    # The admin API (cache purge, stats; ``gateway.admin``) on its own plain
+    # HTTP listener. None: not served. Without a token: loopback only.
+    admin_port: int | None = None
+    admin_host: str = "127.0.0.1"
+    admin_token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,7 @@ async def run_gateway(
             supervisor.run_service("response-cache", cache.run)
             app = GatewayApp(policy, directory, front,  # type: ignore[arg-type]
                              Dispatcher(scheduler, workers, policy), cache=cache)
+            app.metrics.watch_cache(cache.stats)
             edge = CorsMiddleware(app, policy.cors)
 
             async def apply_policy(new: Policy) -> None:
@@ -117,6 +126,9 @@ async def run_gateway(
                     await shutdown.wait()
                     await _begin_drain(app.drain, options.drain_timeout_s, tg)
 
+                if options.admin_port is not None:
+                    await _serve_admin(tg, GatewayAdmin(cache, options.admin_token),
+                                       options, shutdown)
                 port = await tg.start(serve, edge, config, drain_on_shutdown)
                 hosts = [options.host] if isinstance(options.host, str) else options.host
                 log.info("gateway listening on %s (h1, h2, h3)", ", ".join(
@@ -128,6 +140,15 @@ async def run_gateway(
             await cache.aclose()
         if shared is not None:
             await shared.redis.aclose()
+
+
+async def _serve_admin(tg: TaskGroup, admin: GatewayAdmin, options: GatewayOptions,
+                       shutdown: anyio.Event) -> None:
+    assert options.admin_port is not None
+    host = admin_bind_host(options.admin_host, options.admin_token)
+    port = await tg.start(serve_internal, admin, host, options.admin_port, shutdown)
+    log.info("gateway admin API listening on http://%s:%d%s", host, port,
+             "" if options.admin_token else " (no admin token: unauthenticated)")
 
 
 async def _begin_drain(drain: Drain, timeout_s: float, tg: TaskGroup) -> None:

@@ -24,6 +24,11 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
   response); model and class are empty when the request was refused before
   they were known (a bad key, an unknown model).
 - ``hedgerow_cache_requests_total{result}``: admitted requests by cache result.
+- From ``ResponseCache.stats()`` at scrape time (``watch_cache``):
+  ``hedgerow_cache_redis_faults_total{kind}`` (timeout, error, skipped while
+  the circuit is open, sync), ``hedgerow_cache_guard_rejections_total{reason}``
+  (semantic matches refused by a guard), ``hedgerow_cache_evictions_total{kind}``
+  and ``hedgerow_cache_entries{kind}`` (this gateway's memory).
 
 The scheduler's own counters and gauges are read from its ``Stats`` snapshot
 at scrape time: ``hedgerow_shed_total{reason}``, ``hedgerow_hedges_total{outcome}``
@@ -38,7 +43,7 @@ the workers' own, on their ``/metrics``.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,17 +102,44 @@ class GatewayMetrics:
                               "identical request's generation instead of starting one.",
                               registry=r)
         self.scheduler = SchedulerCollector(r)
+        self.cache_stats = CacheStatsCollector(r)
+        # Labelled children resolved once per label set, not per request
+        # (``labels()`` builds a key, and prometheus_client's takes a lock, on
+        # every call). At most RESOLVED_MAX label sets are remembered.
+        self._series: dict[tuple[str, str], _ModelSeries] = {}
+        self._requests: dict[tuple[str, str, int], Any] = {}
+        self._cache: dict[str, Any] = {}
 
     def request(self, arrived: float) -> RequestMetrics:
         return RequestMetrics(self, arrived)
 
     def model_series(self, model: str, klass: str) -> _ModelSeries:
-        return _ModelSeries(self.ttft.labels(model, klass), self.itl.labels(model, klass),
-                            self.queue_wait.labels(model, klass),
-                            self.duration.labels(model, klass))
+        series = self._series.get((model, klass))
+        if series is None:
+            series = _ModelSeries(self.ttft.labels(model, klass), self.itl.labels(model, klass),
+                                  self.queue_wait.labels(model, klass),
+                                  self.duration.labels(model, klass))
+            _remember(self._series, (model, klass), series)
+        return series
+
+    def answered(self, model: str, klass: str, status: int) -> None:
+        """Count one completion request answered with ``status``."""
+        counter = self._requests.get((model, klass, status))
+        if counter is None:
+            counter = self.requests.labels(model, klass, str(status))
+            _remember(self._requests, (model, klass, status), counter)
+        counter.inc()
+
+    def watch_cache(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the response cache's own counters (``ResponseCache.stats``) on scrape."""
+        self.cache_stats.stats = stats
 
     def cache_lookup(self, result: str) -> None:
-        self.cache.labels(result).inc()
+        counter = self._cache.get(result)
+        if counter is None:
+            counter = self.cache.labels(result)
+            _remember(self._cache, result, counter)
+        counter.inc()
 
     def single_flight_joined(self) -> None:
         self.joined.inc()
@@ -168,9 +200,18 @@ class RequestMetrics:
 
     def finished(self, now: float) -> None:
         status = 500 if self.status is None else self.status
-        self._metrics.requests.labels(self.model, self.klass, str(status)).inc()
+        self._metrics.answered(self.model, self.klass, status)
         if status == 200 and self._series is not None:
             self._series.duration.observe(now - self.arrived)
+
+
+RESOLVED_MAX = 1024
+
+
+def _remember(resolved: dict[Any, Any], key: Any, child: Any) -> None:
+    """Keep a resolved child for next time, up to RESOLVED_MAX of them."""
+    if len(resolved) < RESOLVED_MAX:
+        resolved[key] = child
 
 
 def status_of(error: BaseException) -> int:
@@ -198,6 +239,44 @@ class SchedulerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         return iter(scheduler_families(self.stats, self.directory, self.hedges_won))
+
+
+class CacheStatsCollector(Collector):
+    """The response cache's counters, read from its ``stats()`` at scrape time."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.stats: Callable[[], Mapping[str, Any]] | None = None
+        registry.register(self)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(cache_families({}))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(cache_families(self.stats() if self.stats is not None else {}))
+
+
+def cache_families(stats: Mapping[str, Any]) -> list[Metric]:
+    """``ResponseCache.stats()`` as metric families (sans-IO); none without a cache."""
+    if not stats:
+        return []
+    faults = {"timeout": stats.get("redis_timeouts", 0), "error": stats.get("redis_errors", 0),
+              "skipped": stats.get("redis_skipped", 0),
+              "sync": stats.get("redis_sync_faults", 0)}
+    return [
+        _counter("hedgerow_cache_redis_faults_total", "Cache calls to Redis that failed, timed "
+                 "out, were skipped while Redis was marked down, or broke the semantic sync "
+                 "(each served as a miss, never failed).", "kind", faults),
+        _counter("hedgerow_cache_guard_rejections_total", "Semantic matches above the "
+                 "threshold refused because numbers, units, negations, names or code "
+                 "identifiers differ.", "reason", dict(stats.get("guard_rejections", {}))),
+        _counter("hedgerow_cache_evictions_total", "Entries evicted from this gateway's "
+                 "memory by the size bounds.", "kind",
+                 {"exact": stats.get("exact_evictions", 0),
+                  "semantic": stats.get("semantic_evictions", 0)}),
+        _gauge("hedgerow_cache_entries", "Entries in this gateway's memory.", "kind",
+               {"exact": stats.get("exact_entries", 0),
+                "semantic": stats.get("semantic_entries", 0)}),
+    ]
 
 
 def _counter(name: str, help_text: str, label: str | None,

@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker(commands)
     _add_bench(commands)
     _add_policy(commands)
+    _add_cache(commands)
     return parser
 
 
@@ -59,9 +60,10 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     bench = commands.add_parser("bench", help="benchmarks (load generator and scenarios)")
     kinds = bench.add_subparsers(dest="bench_command", required=True)
     scenario = kinds.add_parser("scenario", help="run a named scenario; last line is JSON")
-    scenario.add_argument("name", help="overhead | overload | stragglers")
-    scenario.add_argument("--quick", action="store_true", help="short run (under 3 minutes)")
+    scenario.add_argument("name", help="overhead | overload | stragglers | throughput | worker | pops | soak")
+    scenario.add_argument("--quick", action="store_true", help="short run (under 3 minutes; pops: under 5)")
     scenario.add_argument("--workdir", type=Path, help="keep logs and policies here")
+    scenario.add_argument("--duration", type=float, help="soak only: seconds of load (default 60)")
     scenario.set_defaults(run=_run_bench_scenario)
     run = kinds.add_parser("run", help="drive any OpenAI-compatible URL; last line is JSON")
     run.add_argument("url", help="base URL, e.g. https://127.0.0.1:8443")
@@ -97,7 +99,7 @@ def _run_bench_scenario(args: argparse.Namespace) -> None:
 
     from bench.scenarios import run_scenario
 
-    result = run_scenario(args.name, args.quick, args.workdir)
+    result = run_scenario(args.name, args.quick, args.workdir, duration_s=args.duration)
     sys.stdout.write(orjson.dumps(result).decode() + "\n")
 
 
@@ -140,7 +142,9 @@ def _add_policy(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     gw = commands.add_parser("gateway", help="the client-facing gateway (h1, h2, h3)")
-    gw.add_argument("--host", default="127.0.0.1")
+    gw.add_argument("--host", action="append",
+                    help="address to serve on, TCP and UDP; repeat for several "
+                         "(default: 127.0.0.1 and ::1, so https://localhost works in browsers)")
     gw.add_argument("--port", type=int, default=8443)
     gw.add_argument("--control-plane", default=DEFAULT_CONTROL_PLANE)
     gw.add_argument("--state-dir", type=Path, default=Path(".hedgerow"))
@@ -149,10 +153,69 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     gw.add_argument("--policy", type=Path,
                     help="pin this local policy YAML (default: follow the control plane's)")
     gw.add_argument("--gateway-id", help="name in `hedgerow status` (default: gw-HOST-PORT)")
+    gw.add_argument("--pop", default=os.environ.get("HEDGEROW_POP"),
+                    help="this gateway's PoP: prefer workers labelled pop=NAME, spill to "
+                         "others per the policy's topology (default $HEDGEROW_POP; none: off)")
     gw.add_argument("--drain-timeout-s", type=float, default=30.0,
                     help="on SIGTERM, how long in-flight streams may finish before they "
                          "are ended with an error event (default 30)")
+    gw.add_argument("--redis", metavar="URL", default=os.environ.get("HEDGEROW_REDIS_URL"),
+                    help="share tenants' requests/s limits and the response cache with the "
+                         "other gateways on this Redis (default $HEDGEROW_REDIS_URL; none: "
+                         "per gateway)")
+    gw.add_argument("--admin-port", type=int, default=None, metavar="N",
+                    help="serve the admin API (cache purge, stats) on http://ADMIN-HOST:N "
+                         "(default: off)")
+    gw.add_argument("--admin-host", default="127.0.0.1",
+                    help="admin API address (default 127.0.0.1; loopback only without a token)")
+    gw.add_argument("--admin-token-file", type=Path,
+                    help="admin API token (default $HEDGEROW_ADMIN_TOKEN; none: loopback only)")
     gw.set_defaults(run=_run_gateway)
+
+
+def _add_cache(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    cache = commands.add_parser("cache", help="a gateway's response cache (its admin API)")
+    kinds = cache.add_subparsers(dest="cache_command", required=True)
+    for name, help_text in (("purge", "remove cached answers by tenant, model or key"),
+                            ("stats", "the cache's counters and entries")):
+        kind = kinds.add_parser(name, help=help_text)
+        kind.add_argument("--gateway-admin", metavar="URL", default="http://127.0.0.1:8444",
+                          help="the gateway's admin API (its --admin-port; default "
+                               "http://127.0.0.1:8444)")
+        kind.add_argument("--admin-token-file", type=Path,
+                          help="admin token (default $HEDGEROW_ADMIN_TOKEN)")
+        kind.set_defaults(run=_run_cache)
+        if name == "purge":
+            kind.add_argument("--tenant", help="the tenant's own namespace")
+            kind.add_argument("--model", help="a model name or alias")
+            kind.add_argument("--key", help="one exact key")
+
+
+def _run_cache(args: argparse.Namespace) -> int:
+    import httpx
+    import orjson
+
+    from control_plane.admin_auth import read_admin_token
+    from gateway.admin import purge
+
+    try:
+        token = read_admin_token(args.admin_token_file)
+        if args.cache_command == "purge":
+            if not (args.tenant or args.model or args.key):
+                print("hedgerow cache purge: give --tenant, --model or --key", file=sys.stderr)
+                return 2
+            result = purge(args.gateway_admin, token, tenant=args.tenant, model=args.model,
+                           key=args.key)
+        else:
+            reply = httpx.get(args.gateway_admin.rstrip("/") + "/admin/cache", timeout=10,
+                              headers={"authorization": f"Bearer {token}"} if token else {})
+            reply.raise_for_status()
+            result = reply.json()
+    except (OSError, ValueError, httpx.HTTPError) as error:
+        print(f"hedgerow cache {args.cache_command}: {error}", file=sys.stderr)
+        return 1
+    print(orjson.dumps(result).decode())
+    return 0
 
 
 def _add_worker(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -164,13 +227,25 @@ def _add_worker(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     wk.add_argument("--worker-id")
     wk.add_argument("--model-path", type=Path, help="any GGUF file (default: bundled SmolLM2)")
     wk.add_argument("--model-name", help="name clients use (default: from the file name)")
-    wk.add_argument("--slots", type=int, default=1, help="model instances = concurrent requests")
+    wk.add_argument("--slots", type=int, default=None,
+                    help="model instances = concurrent requests (default: 4 on a GPU, 1 on the CPU)")
     wk.add_argument("--n-ctx", type=int, default=2048)
     wk.add_argument("--n-gpu-layers", type=int, default=None,
                     help="layers to offload (default: all on a usable GPU, else 0)")
     wk.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                     help="e.g. --label pop=ams --label region=eu")
     wk.add_argument("--drain-timeout-s", type=float, default=30.0)
+    wk.add_argument("--quant", help="serve the bundled model in this GGUF quantization, made "
+                    "locally once from the bundled Q4_1 (e.g. q8_0, q4_0; default: q4_1)")
+    wk.add_argument("--tier", help="advertise this quantization tier (label tier=NAME); the "
+                    "policy's classes pick tiers, e.g. fast / accurate")
+    wk.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
+                    help="prompt-lookup speculative decoding drafting N tokens (0: off); for "
+                         "answers that copy their input: extraction, editing, code")
+    wk.add_argument("--no-prompt-reuse", dest="prompt_reuse", action="store_false",
+                    help="evaluate every prompt in full (for comparisons)")
+    wk.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                    help="register without the warm-up generation")
     wk.add_argument("--backend", choices=("llama", "sim"), default="llama",
                     help="sim: a simulated model for benchmarks and tests, never for users")
     _add_sim_options(wk)
@@ -253,16 +328,25 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_gateway(args: argparse.Namespace) -> None:
+def _run_gateway(args: argparse.Namespace) -> int:
+    from control_plane.admin_auth import read_admin_token
     from gateway.main import GatewayOptions, run_gateway
+    from gateway.transport import local_hosts
 
+    try:
+        admin_token = read_admin_token(args.admin_token_file)
+    except (OSError, ValueError) as error:
+        print(f"hedgerow: cannot use the admin token: {error}", file=sys.stderr)
+        return 1
     options = GatewayOptions(
-        control_plane=args.control_plane, host=args.host, port=args.port,
+        control_plane=args.control_plane, host=tuple(args.host or local_hosts()), port=args.port,
         state_dir=args.state_dir, certfile=args.certfile, keyfile=args.keyfile,
         policy_path=args.policy, gateway_id=args.gateway_id,
-        drain_timeout_s=args.drain_timeout_s,
+        drain_timeout_s=args.drain_timeout_s, redis_url=args.redis, pop=args.pop,
+        admin_port=args.admin_port, admin_host=args.admin_host, admin_token=admin_token,
     )
     run_until_signalled(lambda shutdown: run_gateway(options, shutdown))
+    return 0
 
 
 def _run_worker(args: argparse.Namespace) -> None:
@@ -273,7 +357,9 @@ def _run_worker(args: argparse.Namespace) -> None:
         advertise_host=args.advertise_host, worker_id=args.worker_id,
         model_path=args.model_path, model_name=args.model_name, slots=args.slots,
         n_ctx=args.n_ctx, n_gpu_layers=args.n_gpu_layers, labels=_labels(args.label),
-        drain_timeout_s=args.drain_timeout_s,
+        drain_timeout_s=args.drain_timeout_s, quant=args.quant, tier=args.tier,
+        prompt_reuse=args.prompt_reuse, prompt_lookup_tokens=args.prompt_lookup,
+        warm_up=args.warm_up,
         sim=_latency_model(args) if args.backend == "sim" else None, sim_seed=args.sim_seed,
     )
     backend = build_sim_backend(options) if args.backend == "sim" else build_llama_backend(options)

@@ -102,6 +102,9 @@ class MiniLmEmbedder:
         if self._model is None:
             try:
                 self._model = await anyio.to_thread.run_sync(load_minilm, self.threads)
+                # The first call pays lazy initialisation (seconds on a busy machine):
+                # pay it here, not in the first request's lookup or store.
+                await anyio.to_thread.run_sync(encode, self._model, ["warm up"])
             except (ImportError, OSError) as error:  # not installed: exact caching only
                 log.error("semantic cache off: cannot load the embedding model: %s", error)
                 return
