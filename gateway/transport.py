@@ -47,6 +47,7 @@ from hypercorn.events import Closed
 from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
+from gateway.h2_guard import install_h2_guard
 from gateway.quic_tickets import QuicTicketStore
 
 __all__ = [
@@ -56,10 +57,14 @@ __all__ = [
     "bind_listeners",
     "build_config",
     "install_hypercorn_patches",
+    "local_hosts",
     "serve",
 ]
 
 DEFAULT_HOST = "127.0.0.1"
+# What a local run binds: browsers resolve ``localhost`` to ::1 first, and a
+# connection forced onto QUIC does not fall back to 127.0.0.1.
+LOCAL_HOSTS = ("127.0.0.1", "::1")
 PORT_PICK_ATTEMPTS = 32
 ALT_SVC_MAX_AGE_S = 3600
 SHUTDOWN_NUDGE_INTERVAL_S = 0.05
@@ -100,6 +105,18 @@ class TlsConfig(Config):
         context.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_CIPHER_SERVER_PREFERENCE
         context.options &= ~ssl.OP_NO_TICKET
         return context
+
+
+def local_hosts() -> tuple[str, ...]:
+    """``LOCAL_HOSTS``, less ::1 on a machine without IPv6 loopback."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        logging.getLogger("hedgerow.gateway").warning(
+            "no IPv6 loopback (::1) here: serving 127.0.0.1 only")
+        return (DEFAULT_HOST,)
+    return LOCAL_HOSTS
 
 
 def build_config(
@@ -300,7 +317,7 @@ def _with_alt_svc(config: Config, listeners: Listeners) -> Config:
 
 
 def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
-    """Fill two gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
+    """Fill three gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
 
     1. ``hypercorn/protocol/quic.py`` builds ``QuicConnection(configuration=...,
        original_destination_connection_id=...)`` without aioquic's
@@ -312,7 +329,10 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
        never closes (pgjones/hypercorn#373), and ``UDPServer.run`` notices
        shutdown only on the next datagram, so a shutdown sat out the whole
        graceful_timeout. ``_ClosingUDPServer`` fixes both.
+    3. HTTP/2 DATA arriving after a stream's response ended (a 413 before the
+       body was read) crashed the connection: see ``gateway.h2_guard``.
     """
+    install_h2_guard()
     hooks = tickets.hooks()
     hypercorn.protocol.quic.QuicConnection = functools.partial(  # type: ignore[misc]
         aioquic.quic.connection.QuicConnection,

@@ -49,6 +49,15 @@ class Stack:
     def gateway_url(self) -> str:
         return f"https://{self.host}:{self.gateway_port}"
 
+    @property
+    def gateway_hosts(self) -> tuple[str, ...]:
+        """The default 127.0.0.1 also brings ::1: browsers try it first for localhost."""
+        if self.host == "127.0.0.1":
+            from gateway.transport import local_hosts
+
+            return local_hosts()
+        return (self.host,)
+
     def commands(self) -> dict[str, list[str]]:
         base = [self.python, "-m", "hedgerow.cli"]
         # A stable id: a restarted worker replaces its old registry entry at
@@ -58,7 +67,8 @@ class Stack:
                          "--slots", str(self.slots), "--host", self.host]
         if self.model_path:
             worker += ["--model-path", str(self.model_path)]
-        gateway = base + ["gateway", "--host", self.host, "--port", str(self.gateway_port),
+        gateway = base + ["gateway", *(a for h in self.gateway_hosts for a in ("--host", h)),
+                          "--port", str(self.gateway_port),
                           "--control-plane", self.control_plane_url,
                           "--state-dir", str(self.state_dir)]
         control_plane = base + ["control-plane", "--host", self.host,
@@ -130,11 +140,13 @@ async def wait_until_ready(url: str, ca_cert: Path) -> None:
 
 def banner(stack: Stack, ca_cert: Path) -> str:
     url = stack.gateway_url
+    localhost = (f"   (or https://localhost:{stack.gateway_port}/)"
+                 if "::1" in stack.gateway_hosts else "")
     body = ('{"model": "smollm2-135m-instruct", "stream": true, '
             '"messages": [{"role": "user", "content": "Say hello in five words."}]}')
     return f"""
 Hedgerow is up: {url}   (HTTP/1.1, HTTP/2 and HTTP/3 on this port)
-  chat page:        {url}/
+  chat page:        {url}/{localhost}
   control plane:    {stack.control_plane_url}
   dev certificate:  {ca_cert}   (trust it, or pass it as --cacert)
 
@@ -158,19 +170,22 @@ Press Ctrl-C to stop.
 
 def busy_ports(stack: Stack) -> list[str]:
     """Ports the stack needs that something else already holds."""
-    wanted = [(stack.gateway_port, socket.SOCK_STREAM, "gateway TCP"),
-              (stack.gateway_port, socket.SOCK_DGRAM, "gateway UDP (HTTP/3)"),
-              (stack.control_plane_port, socket.SOCK_STREAM, "control plane")]
+    wanted = [(host, stack.gateway_port, kind, what) for host in stack.gateway_hosts
+              for kind, what in ((socket.SOCK_STREAM, "gateway TCP"),
+                                 (socket.SOCK_DGRAM, "gateway UDP (HTTP/3)"))]
+    wanted.append((stack.host, stack.control_plane_port, socket.SOCK_STREAM, "control plane"))
     busy: list[str] = []
-    for port, kind, what in wanted:
-        family = socket.AF_INET6 if ":" in stack.host else socket.AF_INET
+    for host, port, kind, what in wanted:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, kind) as probe:
+            if family == socket.AF_INET6:  # as the gateway binds it
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             if kind == socket.SOCK_STREAM:  # as the servers do: TIME_WAIT is no conflict
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                probe.bind((stack.host, port))
+                probe.bind((host, port))
             except OSError as error:
-                busy.append(f"{what} port {port} on {stack.host}: {error.strerror}")
+                busy.append(f"{what} port {port} on {host}: {error.strerror}")
     return busy
 
 

@@ -92,6 +92,10 @@ class _Strict(BaseModel):
 class Limits(_Strict):
     max_body_bytes: int = Field(1_048_576, ge=1024, le=64 * 1_048_576)
     max_messages: int = Field(256, ge=1, le=4096)
+    # Characters of text in one message (or a completion's prompt), and in all
+    # of a request's messages together (about four characters a token).
+    max_message_chars: int = Field(262_144, ge=1)
+    max_prompt_chars: int = Field(524_288, ge=1)
     max_tokens: int = Field(4096, ge=1)
 
 
@@ -101,6 +105,12 @@ class PriorityClass(_Strict):
     deadline_ms: int = Field(ge=1)
     # Hedge requests of this class when their first token is late.
     hedge: bool = True
+    # The largest max_tokens this class may ask for (never above limits.max_tokens).
+    max_tokens: int | None = Field(None, ge=1)
+    # Quantization tier (workers labelled tier=NAME, `hedgerow worker --tier`) this
+    # class prefers, e.g. fast for interactive, accurate for premium. Soft: other
+    # workers still serve it when none of the tier has room. None: any worker.
+    tier: Name | None = None
 
 
 class TenantLimits(_Strict):
@@ -174,9 +184,148 @@ class Routing(_Strict):
     allow_cpu_fallback: bool = True
 
 
+class Streams(_Strict):
+    """Resumable SSE streams: what the gateway keeps so a client can reconnect."""
+
+    # After the last client of a started stream leaves, the generation runs on
+    # this long waiting for a resume (GET .../events with Last-Event-ID); 0
+    # stops the worker at once when the client goes.
+    resume_grace_ms: int = Field(5000, ge=0, le=600_000)
+    # A finished stream stays resumable this long.
+    retain_ms: int = Field(60_000, ge=0, le=3_600_000)
+    # Events kept per stream; older ones are dropped (a resume from before them
+    # gets 410, a reader that fell that far behind gets an error event).
+    max_buffer_bytes: int = Field(1_048_576, ge=4096, le=64 * 1_048_576)
+    # All streams' buffers together; finished streams are evicted first.
+    max_total_bytes: int = Field(64 * 1_048_576, ge=65_536, le=4096 * 1_048_576)
+    max_streams: int = Field(10_000, ge=1, le=1_000_000)
+    # An SSE comment on a stream idle this long keeps proxies and NATs from closing it.
+    heartbeat_ms: int = Field(15_000, ge=100, le=600_000)
+    # A client that accepts no bytes for this long is cut (with an error event queued).
+    write_stall_ms: int = Field(30_000, ge=100, le=600_000)
+
+
+_ORIGIN = re.compile(r"https?://([a-z0-9-]+(\.[a-z0-9-]+)*|\[[0-9a-f:.]+\])(:[0-9]{1,5})?")
+_HEADER_NAME = re.compile(r"[!#$%&'+.^_`|~0-9a-z-]+")  # an RFC 9110 token, lowercase, no *
+_METHOD = re.compile(r"[A-Z]+")
+
+
+def _origin(value: str) -> str:
+    if value != "*" and not _ORIGIN.fullmatch(value):
+        raise ValueError("must be '*' or an origin as browsers send it: scheme://host[:port], "
+                         "lowercase, no path or trailing slash (e.g. https://app.example.com)")
+    return value
+
+
+def _header_name(value: str) -> str:
+    value = value.lower()
+    if not _HEADER_NAME.fullmatch(value):
+        raise ValueError("must be a header name (no '*': list the headers)")
+    return value
+
+
+def _method(value: str) -> str:
+    if not _METHOD.fullmatch(value):
+        raise ValueError("must be an HTTP method in capitals, e.g. POST")
+    return value
+
+
+class Cors(_Strict):
+    """Which browser origins may call the API from their own pages (CORS).
+
+    Empty ``allow_origins`` (the default) admits no other origin: the chat
+    page at ``/`` is same-origin and needs none.
+    """
+
+    allow_origins: tuple[Annotated[str, AfterValidator(_origin)], ...] = Field(
+        (), max_length=256)
+    allow_methods: tuple[Annotated[str, AfterValidator(_method)], ...] = Field(
+        ("GET", "POST"), min_length=1, max_length=16)
+    allow_headers: tuple[Annotated[str, AfterValidator(_header_name)], ...] = Field(
+        ("authorization", "content-type", "last-event-id", "x-hedgerow-deadline-ms"),
+        max_length=64)
+    expose_headers: tuple[Annotated[str, AfterValidator(_header_name)], ...] = Field(
+        ("x-request-id", "x-hedgerow-worker", "x-hedgerow-cache", "x-hedgerow-hedged",
+         "retry-after"), max_length=64)
+    # Cookies / Authorization sent by a browser with credentials: "include".
+    allow_credentials: bool = False
+    max_age_s: int = Field(600, ge=0, le=86_400)  # how long browsers cache a preflight
+
+    @model_validator(mode="after")
+    def _wildcard_rules(self) -> Cors:
+        found: Violations = []
+        if "*" in self.allow_origins and len(self.allow_origins) > 1:
+            found.append((("allow_origins",), "'*' admits every origin; list no others with it"))
+        if "*" in self.allow_origins and self.allow_credentials:
+            found.append((("allow_credentials",), "cannot be true with allow_origins '*': "
+                          "browsers refuse credentials for a wildcard; list the origins"))
+        _raise_violations(found)
+        return self
+
+
 class ModelEntry(_Strict):
     name: Name
     aliases: tuple[Name, ...] = ()
+    # Part of every cache key: changing it invalidates the model's cached answers.
+    version: Annotated[str, Field(min_length=1, max_length=64)] = "1"
+
+
+class ExactCache(_Strict):
+    enabled: bool = True
+    ttl_s: float = Field(3600.0, gt=0, le=30 * 86400)
+    max_entries: int = Field(10_000, ge=1)  # in-process; Redis is bounded by TTL
+    max_bytes: int = Field(64 * 1_048_576, ge=1024)
+
+
+class SemanticCache(_Strict):
+    enabled: bool = True
+    # Cosine similarity a cached question needs (and the guards must agree too).
+    threshold: float = Field(0.9, gt=0, le=1)
+    max_entries_per_namespace: int = Field(5000, ge=1)
+    max_namespaces: int = Field(10_000, ge=1)
+    ttl_s: float = Field(3600.0, gt=0, le=30 * 86400)
+    hnsw_above: int = Field(2000, ge=1)  # flat (exact) search below, HNSW above
+
+
+class SharedNamespace(_Strict):
+    """Tenants that read and write one common cache namespace."""
+
+    name: Name
+    tenants: tuple[Name, ...] = Field(min_length=1)
+
+
+class Cache(_Strict):
+    enabled: bool = True
+    exact: ExactCache = ExactCache()
+    semantic: SemanticCache = SemanticCache()
+    # A slower Redis call counts as a fault: served as a miss, from local memory.
+    redis_timeout_ms: int = Field(50, ge=1, le=5000)
+    redis_retry_after_s: float = Field(5.0, gt=0, le=600)
+    # Cache only temperature-0 or fixed-seed requests, except for these opt-ins.
+    deterministic_only: bool = True
+    opt_in_tenants: tuple[Name, ...] = ()
+    opt_in_models: tuple[Name, ...] = ()
+    shared_namespaces: tuple[SharedNamespace, ...] = ()
+
+    @model_validator(mode="after")
+    def _tenant_in_one_namespace(self) -> Cache:
+        seen: set[str] = set()
+        found: Violations = []
+        for gi, group in enumerate(self.shared_namespaces):
+            for ti, tenant in enumerate(group.tenants):
+                if tenant in seen:
+                    found.append((("shared_namespaces", gi, "tenants", ti),
+                                  f"tenant {tenant!r} is in more than one shared namespace"))
+                seen.add(tenant)
+        _raise_violations(found)
+        return self
+
+    def namespace_of(self, tenant: str) -> str:
+        """The cache namespace ``tenant`` reads and writes: its own unless shared."""
+        for group in self.shared_namespaces:
+            if tenant in group.tenants:
+                return f"shared:{group.name}"
+        return f"tenant:{tenant}"
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -227,6 +376,75 @@ class Upstream(_Strict):
         return self
 
 
+class Pop(_Strict):
+    """One point of presence: a gateway and its nearby workers (label ``pop=NAME``)."""
+
+    name: Name
+    region: Name
+    # Where this PoP's gateway spills, in order, when its own workers cannot
+    # take a request soon enough; PoPs not listed follow, nearest (RTT) first.
+    prefer: tuple[Name, ...] = ()
+
+
+class Topology(_Strict):
+    """Where gateways and workers are, and what a WAN round trip costs.
+
+    A gateway's own PoP comes from ``hedgerow gateway --pop NAME``; a worker's
+    from its ``pop`` label (``hedgerow worker --label pop=NAME``). Workers
+    without one count as local to every gateway.
+    """
+
+    # local_first: prefer the gateway's own PoP (see policies/locality.py);
+    # blind: ignore PoPs (the old behaviour, kept for comparison).
+    routing: Literal["local_first", "blind"] = "local_first"
+    pops: tuple[Pop, ...] = ()
+    # Round-trip times between PoPs, either direction: {ams: {fra: 12}}.
+    rtt_ms: dict[Name, dict[Name, float]] = Field(default_factory=dict)
+    default_rtt_ms: float = Field(50.0, ge=0, le=60_000)  # pairs rtt_ms does not list
+    # Spill only when it wins by at least this much (hysteresis against flapping).
+    spill_margin_ms: float = Field(0.0, ge=0, le=60_000)
+    # A hedge may cross PoPs only when the hedge budget holds this many whole
+    # hedges (one stays for a local hedge) and the deadline leaves room.
+    cross_pop_hedge_min_budget: float = Field(2.0, ge=1)
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> Topology:
+        _raise_violations(_topology_violations(self))
+        return self
+
+
+def _topology_violations(topology: Topology) -> list[tuple[Loc, str]]:
+    names = [p.name for p in topology.pops]
+    found: list[tuple[Loc, str]] = list(_duplicates("pops", names, "pop"))
+    known = set(names)
+    for pi, pop in enumerate(topology.pops):
+        for qi, other in enumerate(pop.prefer):
+            if other == pop.name or other not in known or other in pop.prefer[:qi]:
+                found.append((("pops", pi, "prefer", qi), f"pop {pop.name!r} cannot prefer "
+                              f"{other!r} (pops: {_listing(names)}; not itself, once each)"))
+    seen: dict[frozenset[str], float] = {}
+    for a, row in topology.rtt_ms.items():
+        for b, rtt in row.items():
+            problem = _rtt_problem(a, b, rtt, known, seen)
+            if problem:
+                found.append((("rtt_ms", a, b), problem))
+            seen.setdefault(frozenset((a, b)), rtt)
+    return found
+
+
+def _rtt_problem(a: str, b: str, rtt: float, known: set[str],
+                 seen: dict[frozenset[str], float]) -> str | None:
+    if a not in known or b not in known:
+        return f"rtt_ms names an unknown pop ({a!r} or {b!r}); declare it under pops"
+    if a == b:
+        return "a pop has no round trip to itself"
+    if not 0 <= rtt <= 60_000:
+        return "must be between 0 and 60000 ms"
+    if seen.get(frozenset((a, b)), rtt) != rtt:
+        return f"rtt between {a!r} and {b!r} is given twice with different values"
+    return None
+
+
 class Policy(_Strict):
     limits: Limits = Limits()
     scheduling: Scheduling = Scheduling()
@@ -235,11 +453,15 @@ class Policy(_Strict):
     hedging: Hedging = Hedging()
     breaker: Breaker = Breaker()
     routing: Routing = Routing()
+    cors: Cors = Cors()
+    streams: Streams = Streams()
     anonymous_tenant: str | None = None
     classes: tuple[PriorityClass, ...] = ()
     tenants: tuple[Tenant, ...] = ()
     models: tuple[ModelEntry, ...] = ()
     upstreams: tuple[Upstream, ...] = ()
+    topology: Topology = Field(default_factory=lambda: Topology())
+    cache: Cache = Cache()
 
     @model_validator(mode="after")
     def _names_unique_and_references_resolve(self) -> Policy:
@@ -269,6 +491,10 @@ class Policy(_Strict):
 
     def declares_model(self, name: str) -> bool:
         return any(entry.name == name for entry in self.models)
+
+    def model_version(self, name: str) -> str:
+        """The policy's version of model ``name`` (canonical), "1" if undeclared."""
+        return next((m.version for m in self.models if m.name == name), "1")
 
 
 Violations = list[tuple[Loc, str]]

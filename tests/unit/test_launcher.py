@@ -38,3 +38,22 @@ def test_children_and_banner() -> None:
     assert commands["worker"][commands["worker"].index("--worker-id") + 1] == "cpu-local-1"
     text = banner(stack, Path("/x/ca.pem"))
     assert "https://127.0.0.1:8443" in text and "--cacert /x/ca.pem" in text
+
+
+def test_local_gateway_serves_ipv6_loopback_too() -> None:
+    """Browsers try ::1 first for localhost: `hedgerow up` binds it as well."""
+    stack = stack_on(8443, 8500)
+    gateway = stack.commands()["gateway"]
+    hosts = [gateway[i + 1] for i, arg in enumerate(gateway) if arg == "--host"]
+    assert hosts == ["127.0.0.1", "::1"]
+    assert "https://localhost:8443/" in banner(stack, Path("/x/ca.pem"))
+    # ...and a port taken on ::1 only is reported before anything starts.
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as tcp6:
+        tcp6.bind(("::1", 0))
+        taken = int(tcp6.getsockname()[1])
+        busy = busy_ports(stack_on(taken, free_port()))
+    assert len(busy) == 1 and "::1" in busy[0] and "TCP" in busy[0]
+    # An explicit other address is taken as given.
+    other = Stack(python=sys.executable, host="10.1.2.3", gateway_port=8443,
+                  control_plane_port=8500, state_dir=Path("state")).commands()["gateway"]
+    assert [other[i + 1] for i, arg in enumerate(other) if arg == "--host"] == ["10.1.2.3"]
