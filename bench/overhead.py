@@ -77,6 +77,8 @@ def overhead_policy() -> str:
 scheduling: {{max_queue: 20000, slo_admission: false, order: edf, prefill_ms_per_token: 0.2}}
 timeouts: {{connect_ms: 2000, ttft_ms: 60000, idle_ms: 60000}}
 hedging: {{enabled: false}}
+# Every prompt is unique; no embedding model loaded (RSS is measured without it).
+cache: {{semantic: {{enabled: false}}}}
 anonymous_tenant: local
 classes:
   - {{name: interactive, ttft_slo_ms: 1000, deadline_ms: 60000, hedge: false}}

@@ -30,7 +30,7 @@ from gateway.tickets import Outcome, Submit, Ticket, TicketDone
 from hedgerow import openai_api as oa
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import sse_event
-from hedgerow.errors import UpstreamFailed
+from hedgerow.errors import RuntimeFault, UpstreamFailed
 from hedgerow.sse import SseEvent
 from policies.admission import Refused
 
@@ -60,7 +60,11 @@ class Generation:
         attempt: Attempt | None = None
         admitted = False
         try:
-            refusal = await self.scheduler.ask(Submit(self.ticket))
+            try:
+                refusal = await self.scheduler.ask(Submit(self.ticket))
+            except RuntimeFault as fault:  # e.g. AskTimeout: the client gets its error
+                self.stream.refuse(fault)  # response, not a crashed task group
+                return outcome
             if refusal is not None:
                 self.refused = refusal
                 self.stream.refuse(refusal.to_error())

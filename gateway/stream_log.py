@@ -20,6 +20,8 @@ time injected: finished logs stay resumable for ``retain_s``, then go.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Iterator
@@ -72,10 +74,14 @@ class StreamLog:
         # Set by whoever stops the generation early, for the stream's last event.
         self.cancel_reason: str | None = None
         self._events: deque[LogEvent] = deque()
+        # The book that indexes this log, told of its size and its end (None: in none).
+        self._ledger: _Ledger | None = None
         self._next_id = 1
         self._opened = anyio.Event()
-        self._changed = anyio.Event()
-        self._readers_changed = anyio.Event()
+        # Made when someone waits and set (then dropped) on the next change, so
+        # the many appends nobody is waiting for allocate nothing.
+        self._changed: anyio.Event | None = None
+        self._readers_changed: anyio.Event | None = None
 
     # -- the generation's side ------------------------------------------------
 
@@ -99,9 +105,12 @@ class StreamLog:
         self._next_id += 1
         event = LogEvent(event_id, kind, b"id: %d\n" % event_id + data, received)
         self._events.append(event)
+        before = self.bytes
         self.bytes += len(event.payload)
         while self.bytes > self.max_bytes and len(self._events) > 1:
             self.bytes -= len(self._events.popleft().payload)
+        if self._ledger is not None:
+            self._ledger.bytes += self.bytes - before
         self._wake()
         return event
 
@@ -109,6 +118,8 @@ class StreamLog:
         if not self.finished:
             self.finished = True
             self.finished_at = now
+            if self._ledger is not None:
+                self._ledger.finished(self)
             self._opened.set()  # a generation cancelled before its first token
             self._wake()
             self._readers_moved()
@@ -139,7 +150,11 @@ class StreamLog:
         first = self._events[0].id if self._events else self._next_id
         if after + 1 < first:
             raise ReaderOverrun(f"events {after + 1}..{first - 1} are no longer kept")
-        return list(self._events)[after + 1 - first:]
+        # The newest ``last_id - after`` events, taken from the right end: a
+        # reader keeping up costs what it reads, not the length of the log.
+        newest = list(itertools.islice(reversed(self._events), self.last_id - after))
+        newest.reverse()
+        return newest
 
     def holds_after(self, after: int) -> bool:
         """Whether a resume from ``after`` can be served in full."""
@@ -150,7 +165,7 @@ class StreamLog:
         """Wait until an event above ``after`` exists or the log finished; False on timeout."""
         with anyio.move_on_after(timeout_s):
             while after >= self.last_id and not self.finished:
-                await self._changed.wait()
+                await self._next_change()
             return True
         return False
 
@@ -173,24 +188,50 @@ class StreamLog:
             if self.cancel_reason is not None:
                 return True
             if self.readers > 0:
-                await self._readers_changed.wait()
+                await self._next_readers_change()
                 continue
             if not self.started:
                 return True
             with anyio.move_on_after(grace_s):
                 while self.readers == 0 and not self.finished and self.cancel_reason is None:
-                    await self._readers_changed.wait()
+                    await self._next_readers_change()
             if self.readers == 0 and not self.finished:
                 return True
         return False
 
+    async def _next_change(self) -> None:
+        if self._changed is None:
+            self._changed = anyio.Event()
+        await self._changed.wait()
+
+    async def _next_readers_change(self) -> None:
+        if self._readers_changed is None:
+            self._readers_changed = anyio.Event()
+        await self._readers_changed.wait()
+
     def _readers_moved(self) -> None:
-        self._readers_changed.set()
-        self._readers_changed = anyio.Event()
+        if self._readers_changed is not None:
+            self._readers_changed.set()
+            self._readers_changed = None
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+
+class _Ledger:
+    """What a ``StreamBook`` keeps current as its logs change, so that adding a
+    log costs the same with ten thousand retained as with none: the bytes they
+    hold, and a heap of finished logs by finish time (oldest expires first)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.expiring: list[tuple[float, int, StreamLog]] = []
+        self._order = itertools.count()  # ties in the heap never compare logs
+
+    def finished(self, log: StreamLog) -> None:
+        heapq.heappush(self.expiring, (log.finished_at, next(self._order), log))
 
 
 class StreamBook:
@@ -203,6 +244,12 @@ class StreamBook:
         # request id -> log; a request that joined another's generation has
         # its own id for the same log.
         self._logs: OrderedDict[str, tuple[str, StreamLog]] = OrderedDict()
+        # Each log in the book -> the request ids it is kept under.
+        self._ids: dict[StreamLog, list[str]] = {}
+        # Request id -> when it was added (a counter), to drop in the order added.
+        self._serial: dict[str, int] = {}
+        self._next_serial = itertools.count()
+        self._ledger = _Ledger()
         # Streams dropped for age or space, so a late resume hears 410, not 404.
         self._gone: OrderedDict[str, str] = OrderedDict()
 
@@ -219,7 +266,18 @@ class StreamBook:
     def alias(self, request_id: str, tenant: str, log: StreamLog, now: float) -> None:
         """Make ``log`` resumable as ``request_id`` by ``tenant``."""
         self.expire(now)
+        if request_id in self._logs:
+            self._unlink(request_id)
         self._logs[request_id] = (tenant, log)
+        self._serial[request_id] = next(self._next_serial)
+        ids = self._ids.get(log)
+        if ids is None:
+            ids = self._ids[log] = []
+            log._ledger = self._ledger
+            self._ledger.bytes += log.bytes
+            if log.finished and log.refusal is None:
+                self._ledger.finished(log)
+        ids.append(request_id)
         self._evict_finished(keep=log)
 
     def find(self, request_id: str, tenant: str, now: float) -> StreamLog:
@@ -234,25 +292,42 @@ class StreamBook:
         raise StreamNotFound(f"no stream {request_id!r} to resume")
 
     def expire(self, now: float) -> None:
-        for request_id in [rid for rid, (_, log) in self._logs.items()
-                           if log.finished and now - log.finished_at > self.retain_s]:
+        """Drop the logs that finished more than ``retain_s`` ago (oldest first, from the heap)."""
+        expiring = self._ledger.expiring
+        expired: list[str] = []
+        while expiring and now - expiring[0][0] > self.retain_s:
+            _, _, log = heapq.heappop(expiring)
+            expired.extend(self._ids.get(log, ()))
+        # A log re-added after it left the book is in the heap twice: drop its ids once.
+        for request_id in sorted(set(expired), key=self._serial.__getitem__):
             self._drop(request_id)
 
     def total_bytes(self) -> int:
-        return sum(log.bytes for log in {id(log): log for _, log in self._logs.values()}.values())
+        return self._ledger.bytes
 
     def _evict_finished(self, keep: StreamLog) -> None:
         """Oldest finished logs go first while over a bound; streams in flight stay."""
-        total = self.total_bytes()
-        for request_id, (_, log) in list(self._logs.items()):
-            if len(self._logs) <= self.max_streams and total <= self.max_total_bytes:
+        while len(self._logs) > self.max_streams or self._ledger.bytes > self.max_total_bytes:
+            oldest = next((request_id for request_id, (_, log) in self._logs.items()
+                           if log is not keep and log.finished), None)
+            if oldest is None:
                 return
-            if log is not keep and log.finished:
-                total -= log.bytes
-                self._drop(request_id)
+            self._drop(oldest)
 
     def _drop(self, request_id: str) -> None:
-        tenant, _ = self._logs.pop(request_id)
+        tenant = self._unlink(request_id)
         self._gone[request_id] = tenant
         while len(self._gone) > self.max_streams:
             self._gone.popitem(last=False)
+
+    def _unlink(self, request_id: str) -> str:
+        """Forget ``request_id``; the log leaves the book with its last id. Its tenant."""
+        tenant, log = self._logs.pop(request_id)
+        del self._serial[request_id]
+        ids = self._ids[log]
+        ids.remove(request_id)
+        if not ids:
+            del self._ids[log]
+            log._ledger = None
+            self._ledger.bytes -= log.bytes
+        return tenant

@@ -241,22 +241,20 @@ async def cancel_on_disconnect(request: Request, work: Callable[[], Awaitable[No
     error: Exception | None = None
     async with anyio.create_task_group() as tg:
 
-        async def run() -> None:
-            nonlocal completed, error
-            try:
-                await work()
-                completed = True
-            except Exception as caught:  # re-raised below, outside the group
-                error = caught
-            finally:
-                tg.cancel_scope.cancel()
-
         async def watch() -> None:
             await wait_for_disconnect(request.receive)
             tg.cancel_scope.cancel()
 
-        tg.start_soon(run)
+        # Only the watcher is a new task; ``work`` runs in this one (one task
+        # fewer per request), inside the group's scope so a disconnect cancels it.
         tg.start_soon(watch)
+        try:
+            await work()
+            completed = True
+        except Exception as caught:  # re-raised below, outside the group
+            error = caught
+        finally:
+            tg.cancel_scope.cancel()
     if error is not None:
         raise error
     return completed

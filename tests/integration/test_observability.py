@@ -153,7 +153,10 @@ def test_gateway_histograms_count_what_clients_saw(stack: Stack) -> None:
     assert delta(after, before, "hedgerow_requests_total", status="429", **by) == 1
     assert delta(after, before, "hedgerow_requests_total", status="404", model="") == 1
     assert delta(after, before, "hedgerow_shed_total", reason="concurrency") == 1
-    assert delta(after, before, "hedgerow_cache_requests_total", result="miss") == 5
+    # Sampled requests (no temperature 0, no seed) never touch the cache; the
+    # refused one was looked at before admission refused it.
+    assert delta(after, before, "hedgerow_cache_requests_total", result="uncacheable") == 6
+    assert delta(after, before, "hedgerow_cache_requests_total", result="miss") == 0
     assert value(after, "hedgerow_slots", worker="a-fast") == 2
     assert value(after, "hedgerow_slots_in_use", worker="a-fast") == 0
 
