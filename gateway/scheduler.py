@@ -252,7 +252,8 @@ class SchedulerActor(Actor):
                 reported_active=record.load.active, reported_queued=record.load.queued,
                 draining=record.load.draining, kind=record.registration.kind,
                 tokens_per_s=record.load.tokens_per_s,
-                pop=record.registration.labels.get("pop")), record)
+                pop=record.registration.labels.get("pop"),
+                tier=record.registration.labels.get("tier")), record)
         return out
 
     def _has_free_slot(self, model: str, now: float) -> bool:
