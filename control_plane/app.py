@@ -84,6 +84,8 @@ class ControlPlaneApp:
         snapshot = await self.registry.ask(Snapshot(), timeout=ASK_TIMEOUT_S)
         body: dict[str, Any] = {"workers": [
             {"worker_id": w.registration.worker_id, "kind": w.registration.kind,
+             "device": w.registration.device,
+             "device_memory_bytes": w.registration.device_memory_bytes,
              "models": list(w.registration.models), "slots": w.registration.slots,
              "active": w.load.active, "draining": w.load.draining,
              "labels": w.registration.labels, "external": w.registration.external}

@@ -81,11 +81,19 @@ def run_status(args: argparse.Namespace) -> int:
     print(f"workers: {len(body['workers'])}")
     for w in body["workers"]:
         labels = ",".join(f"{k}={v}" for k, v in w["labels"].items())
-        print(f"  {w['worker_id']:<32} {w['kind']:<4} slots {w['slots']} active {w['active']}"
+        print(f"  {w['worker_id']:<32} {w['kind']:<4}{_device(w)} slots {w['slots']} active {w['active']}"
               f"{'  draining' if w['draining'] else ''}{'  external' if w.get('external') else ''}"
               f"  {' '.join(w['models'])}"
               f"{'  ' + labels if labels else ''}")
     return EXIT_OK
+
+
+def _device(worker: dict[str, Any]) -> str:
+    """`` (NVIDIA H200, 140 GiB)`` for a GPU worker, nothing for others."""
+    if not worker.get("device"):
+        return ""
+    memory = worker.get("device_memory_bytes")
+    return f" ({worker['device']}{f', {memory / 2**30:.0f} GiB' if memory else ''})"
 
 
 def run_validate(args: argparse.Namespace) -> int:

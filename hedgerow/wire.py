@@ -30,6 +30,7 @@ class WorkerRegistration(WireModel):
     url: str = Field(min_length=1, max_length=512)
     kind: WorkerKind
     device: str | None = None
+    device_memory_bytes: int | None = Field(None, ge=0)  # a GPU worker's GPU memory
     models: tuple[str, ...] = Field(min_length=1, max_length=64)
     slots: int = Field(ge=1, le=1024)
     labels: dict[str, str] = Field(default_factory=dict)
