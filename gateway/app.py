@@ -385,13 +385,8 @@ class GatewayApp:
         await stream.wait_open()
         request_id = request_id or stream.request_id
         if stream.refusal is not None:
-            error = stream.refusal.error
-            if isinstance(error, WorkerRejected):
-                if observed is not None:
-                    observed.responded(error.status)
-                await _send_rejection(request, error, request_id)
-                return
-            raise error
+            await _answer_refusal(request, stream.refusal.error, request_id, observed)
+            return
         if not stream.started:
             raise UpstreamFailed("the generation stopped before its first token",
                                  code="stream_cancelled")
@@ -417,12 +412,9 @@ class GatewayApp:
         await flight.done.wait()
         stream, outcome, ticket = flight.stream, flight.outcome, wanted.ticket
         if stream.refusal is not None:
-            error = stream.refusal.error
-            if isinstance(error, WorkerRejected):
-                wanted.observed.responded(error.status)
-                await _send_rejection(request, error, ticket.request_id)
-                return
-            raise error
+            await _answer_refusal(request, stream.refusal.error, ticket.request_id,
+                                  wanted.observed)
+            return
         if outcome is None or outcome.failed or not outcome.complete:
             raise UpstreamFailed(
                 (outcome.error_message if outcome else "") or "the worker failed mid-answer",
@@ -598,6 +590,16 @@ async def _end_cut_request(request: Request, in_flight: InFlight) -> None:
     await request.send({"type": "http.response.body", "body": sse_event(event),
                         "more_body": True})
     await request.send({"type": "http.response.body", "body": b""})
+
+
+async def _answer_refusal(request: Request, error: BaseException, request_id: str,
+                         observed: RequestMetrics | None) -> None:
+    """A generation that never started: the worker's own 4xx passed through, or our error."""
+    if not isinstance(error, WorkerRejected):
+        raise error
+    if observed is not None:
+        observed.responded(error.status)
+    await _send_rejection(request, error, request_id)
 
 
 async def _send_rejection(request: Request, rejected: WorkerRejected, request_id: str) -> None:
