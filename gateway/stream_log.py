@@ -93,9 +93,9 @@ class StreamLog:
         self._opened.set()
 
     def refuse(self, error: BaseException) -> None:
-        """The stream will never start; readers answer with ``error``."""
+        """The stream will never start; readers answer with ``error``. (The
+        generation then calls ``finish``, which starts its retention clock.)"""
         self.refusal = Refusal(error)
-        self.finished = True
         self._opened.set()
         self._wake()
 
