@@ -71,6 +71,7 @@ class Request:
         """Read the whole body, refusing early once it exceeds ``limit`` bytes."""
         declared = self.header("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._discard_rest(int(declared))
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
         chunks: list[bytes] = []
         size = 0
@@ -81,10 +82,33 @@ class Request:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
+                if message.get("more_body", False):
+                    await self._discard_rest(None)
                 raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+    async def _discard_rest(self, declared: int | None) -> None:
+        """Over HTTP/1.1, read and drop the rest of a refused upload (bounded in
+        bytes and time) before answering: closing a connection with unread
+        bytes makes the kernel reset it, and the reset can destroy the 413
+        before the client reads it. HTTP/2 and HTTP/3 reset just the stream."""
+        if not self.http_version.startswith("1") or (
+                declared is not None and declared > DISCARD_MAX_BYTES):
+            return
+        discarded = 0
+        with anyio.move_on_after(DISCARD_MAX_S):
+            while discarded <= DISCARD_MAX_BYTES:
+                message = await self.receive()
+                discarded += len(message.get("body", b""))
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+
+
+# A refused HTTP/1.1 upload is drained up to this much before the 413 goes out.
+DISCARD_MAX_BYTES = 16 * 1_048_576
+DISCARD_MAX_S = 2.0
 
 
 Handler = Callable[[Request], Awaitable[None]]
