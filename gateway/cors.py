@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from hedgerow.asgi import Headers, Message, Receive, Scope, Send, send_error
+from hedgerow.asgi import Headers, Message, Receive, Scope, Send, discard_request_body, send_error
 from hedgerow.errors import InvalidRequest
 from policies.schema import Cors, Policy
 
@@ -141,6 +141,7 @@ class CorsMiddleware:
             await send({"type": "http.response.body", "body": b""})
             return
         if not origin_allowed(cors, origin):
+            await discard_request_body(scope, receive)
             await send_error(send, OriginNotAllowed(
                 f"origin {origin!r} is not allowed (policy cors)"), [(b"vary", b"Origin")])
             return

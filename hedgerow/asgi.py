@@ -42,6 +42,8 @@ class Request:
     receive: Receive
     send: Send
     path_params: dict[str, str] = field(default_factory=dict)
+    # The body was read (or dropped) to its end: nothing of it is left unread.
+    body_done: bool = False
 
     @property
     def method(self) -> str:
@@ -72,6 +74,7 @@ class Request:
         declared = self.header("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._discard_rest(int(declared))
+            self.body_done = True
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
         chunks: list[bytes] = []
         size = 0
@@ -84,26 +87,33 @@ class Request:
             if size > limit:
                 if message.get("more_body", False):
                     await self._discard_rest(None)
+                self.body_done = True
                 raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
             if not message.get("more_body", False):
+                self.body_done = True
                 return b"".join(chunks)
 
     async def _discard_rest(self, declared: int | None) -> None:
-        """Over HTTP/1.1, read and drop the rest of a refused upload (bounded in
-        bytes and time) before answering: closing a connection with unread
-        bytes makes the kernel reset it, and the reset can destroy the 413
-        before the client reads it. HTTP/2 and HTTP/3 reset just the stream."""
-        if not self.http_version.startswith("1") or (
-                declared is not None and declared > DISCARD_MAX_BYTES):
-            return
-        discarded = 0
-        with anyio.move_on_after(DISCARD_MAX_S):
-            while discarded <= DISCARD_MAX_BYTES:
-                message = await self.receive()
-                discarded += len(message.get("body", b""))
-                if message["type"] != "http.request" or not message.get("more_body", False):
-                    return
+        await discard_request_body(self.scope, self.receive, declared)
+
+
+async def discard_request_body(scope: Scope, receive: Receive, declared: int | None = None) -> None:
+    """Over HTTP/1.1, read and drop (the rest of) a refused request's body,
+    bounded in bytes and time, before answering: closing a connection with
+    unread bytes makes the kernel reset it, and the reset can destroy the
+    error response before the client reads it. HTTP/2 and HTTP/3 reset just
+    the stream. ``declared``: its content-length, when known."""
+    if not str(scope.get("http_version", "1.1")).startswith("1") or (
+            declared is not None and declared > DISCARD_MAX_BYTES):
+        return
+    discarded = 0
+    with anyio.move_on_after(DISCARD_MAX_S):
+        while discarded <= DISCARD_MAX_BYTES:
+            message = await receive()
+            discarded += len(message.get("body", b""))
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
 
 
 # A refused HTTP/1.1 upload is drained up to this much before the 413 goes out.
@@ -146,6 +156,8 @@ class Router:
             handler, request.path_params = self.resolve(request.method, request.path)
             await handler(request)
         except HedgerowError as error:
+            if not request.body_done:  # refused before reading it (bad key, 404, 415 …)
+                await discard_request_body(scope, receive)
             await send_error(send, error, extra)
 
     def resolve(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:

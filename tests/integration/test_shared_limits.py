@@ -118,16 +118,21 @@ def test_a_tenant_gets_its_rate_across_both_gateways_not_from_each(gateways: Gat
     seen: tuple[list[int], list[int]] = ([], [])
     threads = [threading.Thread(target=_hammer, args=(gateways, url, HAMMER_S, statuses))
                for url, statuses in zip(gateways.urls, seen)]
+    started = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(30)
+    # The bucket refills for as long as requests arrive: the last one sent
+    # before the deadline may be answered well after it on a loaded machine.
+    span = time.monotonic() - started
     served = [statuses.count(200) for statuses in seen]
     assert all(set(statuses) <= {200, 429} for statuses in seen), seen
     # Each gateway alone would allow BURST + RATE x HAMMER_S (16): both together
     # get about that in all, not twice it.
     allowed = BURST + RATE * HAMMER_S
-    assert allowed * 0.6 <= sum(served) <= allowed + 2, served
+    assert allowed * 0.6 <= sum(served) <= BURST + RATE * span + 2, (served, span)
+    assert sum(served) < 2 * allowed, served  # one shared bucket, not one each
     assert all(n >= 1 for n in served), served
     assert sum(len(statuses) for statuses in seen) > 2 * allowed  # the limit was really tested
     for url in gateways.urls:
