@@ -26,8 +26,12 @@ def test_tiny_overhead_run_reports_sane_numbers_for_all_three(tmp_path: Path) ->
         assert set(out["by_streams"]["1"][target]) == set(out[target])
     for proxy in ("hedgerow", "nginx"):
         assert math.isfinite(out[f"{proxy}_added_p99_ms"])  # p99 of 24 samples is their max: noisy
-        assert out[f"{proxy}_added_p50_ms"] > -5  # a proxy's median is never far below direct's
-        assert out[f"{proxy}_cpu_ms_per_request"] > 0
+        # A proxy's median is never far below direct's (24 samples on a shared machine).
+        assert out[f"{proxy}_added_p50_ms"] > -10
+        # CPU is counted in clock ticks (10 ms): nginx's ~0.5 ms x 24 requests
+        # may round to zero ticks; Hedgerow's several ms a request never does.
+        assert out[f"{proxy}_cpu_ms_per_request"] >= 0
+    assert out["hedgerow_cpu_ms_per_request"] > 0
     assert 10 < out["hedgerow_rss_mb"] < 1000
     assert out["streams"] == 4 and out["client_http"] == "1.1"
     assert all((tmp_path / name).read_bytes()[:8] == PNG_SIGNATURE
