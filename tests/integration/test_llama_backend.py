@@ -168,7 +168,8 @@ async def test_two_slots_generate_concurrently_and_a_third_request_waits(backend
     first_token = {name: anyio.Event() for name in "abc"}
 
     async def generate(name: str) -> None:
-        async with backend.generate(chat(30)) as events:
+        # a and b run long enough for c to be seen queueing behind them.
+        async with backend.generate(chat(30 if name == "c" else 150)) as events:
             async for event in events:
                 if not first_token[name].is_set():
                     timeline.append((name, "first token"))
