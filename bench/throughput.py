@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.overhead import overhead_policy
 from bench.procstat import cpu_seconds, rss_mb
 from bench.stack import Proc, Stack, free_port, wait_for
 
@@ -65,26 +66,9 @@ def hit_body(stream: bool) -> dict[str, Any]:
 
 
 def throughput_policy() -> str:
-    """Exact cache only, limits far above the load, no hedging."""
-    return f"""
-scheduling: {{max_queue: 20000, slo_admission: false, order: edf, prefill_ms_per_token: 0.2}}
-timeouts: {{connect_ms: 2000, ttft_ms: 60000, idle_ms: 60000}}
-hedging: {{enabled: false}}
-cache:
-  enabled: true
-  exact: {{enabled: true}}
-  semantic: {{enabled: false}}
-anonymous_tenant: local
-classes:
-  - {{name: interactive, ttft_slo_ms: 1000, deadline_ms: 60000, hedge: false}}
-tenants:
-  - name: local
-    class: interactive
-    limits: {{requests_per_s: 10000000, requests_burst: 10000000, tokens_per_min: 1000000000000,
-              tokens_burst: 1000000000000, max_concurrency: 100000}}
-models:
-  - name: {MODEL}
-"""
+    """The overhead scenario's policy: limits far above the load, no hedging, and
+    the exact cache on (the default) with no embedding model loaded."""
+    return overhead_policy()
 
 
 # -- the bare server ----------------------------------------------------------------
