@@ -2,8 +2,10 @@
 
 Operators send ``Authorization: Bearer <token>``; the token is separate from
 tenant API keys, compared in constant time, and never logged. Without a
-configured token the admin API is open, so the control plane then binds to
-loopback only (see ``admin_bind_host``).
+configured token the admin API is open, so the listener that serves it binds
+to loopback only (see ``admin_bind_host``). With ``--admin-port`` the admin
+routes get a listener of their own (``ControlPlaneRoutes``), apart from the
+one workers and gateways use.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import hmac
 import ipaddress
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from hedgerow.asgi import Handler, Request
+from hedgerow.asgi import Handler, Request, Router
 from hedgerow.errors import AuthenticationFailed
 
 log = logging.getLogger("hedgerow.control_plane.admin")
@@ -89,3 +92,20 @@ class AdminGuard:
             raise AuthenticationFailed(
                 "this is the control plane's admin API: send the admin token as "
                 "'Authorization: Bearer <token>'", code="invalid_admin_token")
+
+
+@dataclass(frozen=True)
+class ControlPlaneRoutes:
+    """Where each control-plane route goes: ``open`` for workers and gateways
+    (they hold no admin token), ``admin`` for operators, behind ``guard``.
+    One table unless the admin API has a listener of its own."""
+
+    open_table: Router
+    admin_table: Router
+    guard: AdminGuard
+
+    def open(self, method: str, path: str, handler: Handler) -> None:
+        self.open_table.add(method, path, handler)
+
+    def admin(self, method: str, path: str, handler: Handler) -> None:
+        self.admin_table.add(method, path, self.guard.protect(handler))

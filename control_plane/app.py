@@ -1,5 +1,8 @@
 """HTTP API of the control plane: worker register / heartbeat / deregister,
-worker list, and the watch stream gateways follow."""
+worker list, and the watch stream gateways follow; and the operators' admin
+API (status, policy, upstreams), which ``admin_listener`` moves off this
+listener onto one of its own (``serve_admin``): then this one answers its
+routes 404, as any unknown path."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import anyio
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from control_plane.admin_auth import AdminGuard
+from control_plane.admin_auth import AdminGuard, ControlPlaneRoutes
 from control_plane.metrics import ControlPlaneMetrics
 from control_plane.policy_api import PolicyApi
 from control_plane.registry_actor import Beat, Deregister, Register, Snapshot
@@ -54,24 +57,34 @@ class ControlPlaneApp:
     policy_api: PolicyApi | None = None  # /v1/policy…: operator policy versions
     upstream_api: UpstreamApi | None = None  # /v1/upstreams…: probed external servers
     guard: AdminGuard = field(default_factory=lambda: AdminGuard(None))  # admin token
+    # True: the admin routes are served by ``serve_admin`` only (``--admin-port``).
+    admin_listener: bool = False
 
     def __post_init__(self) -> None:
         self.router = Router()
-        self.router.add("GET", "/healthz", self.healthz)
-        self.router.add("GET", "/metrics", self.prometheus)
-        self.router.add("GET", "/v1/workers", self.list_workers)
-        self.router.add("POST", "/v1/workers", self.register)
-        self.router.add("POST", "/v1/workers/{worker_id}/heartbeat", self.heartbeat)
-        self.router.add("DELETE", "/v1/workers/{worker_id}", self.deregister)
-        self.router.add("GET", "/v1/watch", self.watch)
-        self.router.add("GET", "/v1/status", self.guard.protect(self.status))
+        self.admin_router = Router() if self.admin_listener else self.router
+        routes = ControlPlaneRoutes(self.router, self.admin_router, self.guard)
+        routes.open("GET", "/healthz", self.healthz)
+        routes.open("GET", "/metrics", self.prometheus)
+        routes.open("GET", "/v1/workers", self.list_workers)
+        routes.open("POST", "/v1/workers", self.register)
+        routes.open("POST", "/v1/workers/{worker_id}/heartbeat", self.heartbeat)
+        routes.open("DELETE", "/v1/workers/{worker_id}", self.deregister)
+        routes.open("GET", "/v1/watch", self.watch)
+        routes.admin("GET", "/v1/status", self.status)
+        if self.admin_listener:  # a probe for the admin listener itself, token-free
+            self.admin_router.add("GET", "/healthz", self.healthz)
         if self.policy_api is not None:
-            self.policy_api.add_routes(self.router, self.guard)
+            self.policy_api.add_routes(routes)
         if self.upstream_api is not None:
-            self.upstream_api.add_routes(self.router, self.guard)
+            self.upstream_api.add_routes(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.router.serve(scope, receive, send)
+
+    async def serve_admin(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI app of the admin listener (only with ``admin_listener``)."""
+        await self.admin_router.serve(scope, receive, send)
 
     async def healthz(self, request: Request) -> None:
         await send_json(request.send, 200, {"status": "ok"})

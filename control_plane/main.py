@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
-from control_plane.admin_auth import AdminGuard, admin_bind_host
+from control_plane.admin_auth import LOOPBACK, AdminGuard, admin_bind_host
 from control_plane.app import ControlPlaneApp
 from control_plane.metrics import ControlPlaneMetrics
 from control_plane.policy_service import start_policy_service
@@ -38,10 +38,18 @@ async def run_control_plane(
     policy_dir: Path | None = None,
     admin_token: str | None = None,
     redis_url: str | None = None,
+    admin_port: int | None = None,
+    admin_host: str = LOOPBACK,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """``admin_token``: required by the admin API; without one, loopback only."""
-    host = admin_bind_host(host, admin_token)
+    """``admin_token``: required by the admin API; without one, the listener
+    that serves it is on loopback only. ``admin_port``: serve the admin API
+    there (on ``admin_host``) and nowhere else; None: on ``port`` with the rest.
+    Reports the main port on start."""
+    if admin_port is None:
+        host = admin_bind_host(host, admin_token)
+    else:  # the main port then carries no admin route: it binds where asked
+        admin_host = admin_bind_host(admin_host, admin_token)
     # The registry outlives actor restarts: each method leaves it consistent,
     # so a crash in one message must not make every worker re-register.
     registry = Registry(lease_s=lease_s)
@@ -57,8 +65,18 @@ async def run_control_plane(
         upstream_api = await start_upstream_service(supervisor, actor, policy_api.published,
                                                     lease_s)
         app = ControlPlaneApp(actor, published, lease_s, HEARTBEAT_INTERVAL_S, metrics,
-                              policy_api, upstream_api, AdminGuard(admin_token))
+                              policy_api, upstream_api, AdminGuard(admin_token),
+                              admin_listener=admin_port is not None)
         async with anyio.create_task_group() as tg:
             bound = await tg.start(serve_internal, app, host, port, shutdown)
             log.info("control plane listening on http://%s:%d", host, bound)
+            if admin_port is not None:
+                await _serve_admin(tg, app, admin_host, admin_port, shutdown)
             task_status.started(bound)
+
+
+async def _serve_admin(tg: TaskGroup, app: ControlPlaneApp, host: str, port: int,
+                       shutdown: anyio.Event) -> None:
+    bound = await tg.start(serve_internal, app.serve_admin, host, port, shutdown)
+    log.info("control plane admin API listening on http://%s:%d%s", host, bound,
+             "" if app.guard.enabled else " (no admin token: unauthenticated)")

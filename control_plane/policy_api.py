@@ -32,11 +32,11 @@ from control_plane.policy_actor import (
     GetPolicyHistory,
     RollbackPolicy,
 )
-from control_plane.admin_auth import AdminGuard
+from control_plane.admin_auth import ControlPlaneRoutes
 from control_plane.gateways import GatewayAnswer, GatewayBook
 from control_plane.policy_store import PolicyVersion
 from hedgerow.actors import ActorRef
-from hedgerow.asgi import SSE_HEADERS, Request, Router, send_json, sse_event, stream_until_disconnect
+from hedgerow.asgi import SSE_HEADERS, Request, send_json, sse_event, stream_until_disconnect
 from hedgerow.errors import InvalidRequest
 from hedgerow.latest import LatestValue
 from hedgerow.wire import PolicyApplied, PolicyHistory, PolicyValidated
@@ -59,19 +59,18 @@ class PolicyApi:
     published: LatestValue[PolicyVersion]
     gateways: GatewayBook = field(default_factory=GatewayBook)
 
-    def add_routes(self, router: Router, guard: AdminGuard | None = None) -> None:
-        """The operator's routes behind ``guard``'s admin token; the gateways' watch
-        stream and ACK/NACK stay open (gateways hold no admin token)."""
-        admin = (guard or AdminGuard(None)).protect
+    def add_routes(self, routes: ControlPlaneRoutes) -> None:
+        """The operator's routes on the admin side, behind the admin token; the
+        gateways' watch stream and ACK/NACK stay open (gateways hold no admin token)."""
         # history before {version}: the router takes the first pattern that matches.
-        router.add("GET", "/v1/policy", admin(self.show_current))
-        router.add("POST", "/v1/policy", admin(self.apply))
-        router.add("GET", "/v1/policy/history", admin(self.history))
-        router.add("POST", "/v1/policy/validate", admin(self.validate))
-        router.add("POST", "/v1/policy/rollback/{version}", admin(self.rollback))
-        router.add("GET", "/v1/policy/watch", self.watch)
-        router.add("POST", "/v1/gateways/{gateway_id}/policy", self.gateway_answer)
-        router.add("GET", "/v1/policy/{version}", admin(self.show_version))
+        routes.admin("GET", "/v1/policy", self.show_current)
+        routes.admin("POST", "/v1/policy", self.apply)
+        routes.admin("GET", "/v1/policy/history", self.history)
+        routes.admin("POST", "/v1/policy/validate", self.validate)
+        routes.admin("POST", "/v1/policy/rollback/{version}", self.rollback)
+        routes.open("GET", "/v1/policy/watch", self.watch)
+        routes.open("POST", "/v1/gateways/{gateway_id}/policy", self.gateway_answer)
+        routes.admin("GET", "/v1/policy/{version}", self.show_version)
 
     async def watch(self, request: Request) -> None:
         """SSE: the current version at once, then every new one (whole text)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import orjson
 from pydantic import ValidationError
 
-from control_plane.admin_auth import AdminGuard
+from control_plane.admin_auth import ControlPlaneRoutes
 from control_plane.policy_store import PolicyVersion
 from control_plane.upstreams import (
     AddUpstream,
@@ -25,7 +25,7 @@ from control_plane.upstreams import (
     UpstreamProber,
 )
 from hedgerow.actors import ActorRef, Supervisor
-from hedgerow.asgi import Request, Router, send_json
+from hedgerow.asgi import Request, send_json
 from hedgerow.errors import InvalidRequest
 from hedgerow.latest import LatestValue
 from policies.loader import format_path
@@ -40,10 +40,10 @@ ASK_TIMEOUT_S = 10.0
 class UpstreamApi:
     prober: ActorRef
 
-    def add_routes(self, router: Router, guard: AdminGuard) -> None:
-        router.add("GET", "/v1/upstreams", guard.protect(self.list))
-        router.add("POST", "/v1/upstreams", guard.protect(self.add))
-        router.add("DELETE", "/v1/upstreams/{name}", guard.protect(self.remove))
+    def add_routes(self, routes: ControlPlaneRoutes) -> None:
+        routes.admin("GET", "/v1/upstreams", self.list)
+        routes.admin("POST", "/v1/upstreams", self.add)
+        routes.admin("DELETE", "/v1/upstreams/{name}", self.remove)
 
     async def list(self, request: Request) -> None:
         rows = await self.prober.ask(ListUpstreams(), timeout=ASK_TIMEOUT_S)

@@ -191,7 +191,8 @@ class GatewayApp:
         identity = identify(policy, request.header("authorization"))
         observed.klass = identity.priority_class
         _require_json(request)
-        body = await request.body(policy.limits.max_body_bytes)
+        body = await request.body(policy.limits.max_body_bytes,
+                                  deadline_s=policy.timeouts.body_ms / 1000)
         request_json = oa.decode_request(body)  # decoded once: validation, cache, upstream
         parsed = oa.validate_request(request_json, shape)
         check_request_limits(policy, identity.priority_class,

@@ -9,6 +9,7 @@ JSON/error responses, and an SSE sender that notices when the client leaves.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from contextlib import aclosing
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -22,6 +23,7 @@ from hedgerow.errors import (
     HedgerowError,
     MethodNotAllowed,
     PayloadTooLarge,
+    RequestTimeout,
     RouteNotFound,
 )
 
@@ -69,17 +71,21 @@ class Request:
         pairs = (p.split("=", 1) for p in raw.split("&") if p)
         return {p[0]: (p[1] if len(p) > 1 else "") for p in pairs}
 
-    async def body(self, limit: int) -> bytes:
-        """Read the whole body, refusing early once it exceeds ``limit`` bytes."""
+    async def body(self, limit: int, *, deadline_s: float | None = None) -> bytes:
+        """Read the whole body, refusing early once it exceeds ``limit`` bytes,
+        or once it has taken more than ``deadline_s`` seconds to arrive (the
+        server's header timer stops at the end of the headers; a client that
+        trickles its body would otherwise hold the connection for ever)."""
         declared = self.header("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._discard_rest(int(declared))
             self.body_done = True
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        due = math.inf if deadline_s is None else anyio.current_time() + deadline_s
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await self.receive()
+            message = await self._receive_by(due, deadline_s)
             if message["type"] == "http.disconnect":
                 raise anyio.get_cancelled_exc_class()()
             chunk = message.get("body", b"")
@@ -93,6 +99,16 @@ class Request:
             if not message.get("more_body", False):
                 self.body_done = True
                 return b"".join(chunks)
+
+    async def _receive_by(self, due: float, deadline_s: float | None) -> Message:
+        with anyio.CancelScope(deadline=due):
+            return await self.receive()
+        # Not drained either (that is what the client is slow at): the rest is
+        # abandoned, and an HTTP/1.1 connection is closed after the answer.
+        self.body_done = True
+        raise RequestTimeout(
+            f"the request body did not arrive within {deadline_s:g} s of its headers",
+            close_connection=self.http_version.startswith("1"))
 
     async def _discard_rest(self, declared: int | None) -> None:
         await discard_request_body(self.scope, self.receive, declared)

@@ -108,6 +108,9 @@ def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8443, help="gateway port (TCP and UDP)")
     up.add_argument("--control-plane-port", type=int, default=8500)
+    up.add_argument("--admin-port", type=int, default=None, metavar="N",
+                    help="the control plane's admin API on http://127.0.0.1:N only "
+                         "(default: on --control-plane-port)")
     up.add_argument("--state-dir", type=Path, default=Path(".hedgerow"))
     up.add_argument("--slots", type=int, default=1)
     up.add_argument("--model-path", type=Path)
@@ -127,6 +130,12 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
                     help="watched directory: a changed *.yaml file there is applied")
     cp.add_argument("--admin-token-file", type=Path,
                     help="admin API token (default $HEDGEROW_ADMIN_TOKEN; none: loopback only)")
+    cp.add_argument("--admin-port", type=int, default=None, metavar="N",
+                    help="serve the admin API (status, policy, upstreams) on "
+                         "http://ADMIN-HOST:N only, not on --port (default: on --port)")
+    cp.add_argument("--admin-host", default="127.0.0.1",
+                    help="admin API address with --admin-port (default 127.0.0.1; "
+                         "loopback only without a token)")
     cp.add_argument("--redis", metavar="URL", default=os.environ.get("HEDGEROW_REDIS_URL"),
                     help="share registry and policy with other replicas through this Redis "
                          "(redis://host:port/db; default $HEDGEROW_REDIS_URL; none: in-process)")
@@ -170,6 +179,10 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="admin API address (default 127.0.0.1; loopback only without a token)")
     gw.add_argument("--admin-token-file", type=Path,
                     help="admin API token (default $HEDGEROW_ADMIN_TOKEN; none: loopback only)")
+    gw.add_argument("--max-connections", type=int, default=4096, metavar="N",
+                    help="open TCP connections at most; beyond it new ones are closed at "
+                         "accept, before TLS (default 4096; the open-file limit is raised "
+                         "to fit, or the cap lowered)")
     gw.set_defaults(run=_run_gateway)
 
 
@@ -316,6 +329,9 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"hedgerow: {problem}", file=sys.stderr)
         return 1
+    if args.admin_port is not None and args.admin_port == args.port != 0:
+        print("hedgerow: --admin-port must differ from --port", file=sys.stderr)
+        return 2
     try:
         admin_token = read_admin_token(args.admin_token_file)
     except (OSError, ValueError) as error:
@@ -338,12 +354,16 @@ def _run_gateway(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         print(f"hedgerow: cannot use the admin token: {error}", file=sys.stderr)
         return 1
+    if args.max_connections < 1:
+        print("hedgerow: --max-connections must be at least 1", file=sys.stderr)
+        return 1
     options = GatewayOptions(
         control_plane=args.control_plane, host=tuple(args.host or local_hosts()), port=args.port,
         state_dir=args.state_dir, certfile=args.certfile, keyfile=args.keyfile,
         policy_path=args.policy, gateway_id=args.gateway_id,
         drain_timeout_s=args.drain_timeout_s, redis_url=args.redis, pop=args.pop,
         admin_port=args.admin_port, admin_host=args.admin_host, admin_token=admin_token,
+        max_connections=args.max_connections,
     )
     run_until_signalled(lambda shutdown: run_gateway(options, shutdown))
     return 0

@@ -15,6 +15,8 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │   ├── PolicyError                 400  code=invalid_policy (policies.schema;
     │   │                                    carries file:line:column issues)
     │   ├── MethodNotAllowed            405
+    │   ├── RequestTimeout              408  code=request_timeout (HTTP/1.1:
+    │   │                                    Connection: close)
     │   ├── PayloadTooLarge             413
     │   └── UnsupportedMediaType        415
     ├── AuthenticationFailed            401 authentication_error
@@ -112,6 +114,24 @@ class StreamGone(InvalidRequest):
 class MethodNotAllowed(InvalidRequest):
     status = 405
     default_code = "method_not_allowed"
+
+
+class RequestTimeout(InvalidRequest):
+    """The request body did not arrive in time (``timeouts.body_ms``). Its rest
+    is never read, so over HTTP/1.1 the connection cannot carry another
+    request: ``close_connection`` says so in the answer, and the server closes it."""
+
+    status = 408
+    default_code = "request_timeout"
+
+    def __init__(self, message: str, *, close_connection: bool = False) -> None:
+        super().__init__(message)
+        self.close_connection = close_connection
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        # HTTP/2 and HTTP/3 forbid connection headers: only the stream ends there.
+        closing = [(b"connection", b"close")] if self.close_connection else []
+        return super().headers() + closing
 
 
 class PayloadTooLarge(InvalidRequest):

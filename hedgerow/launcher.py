@@ -40,10 +40,19 @@ class Stack:
     model_path: Path | None = None
     policy: Path | None = None
     policy_dir: Path | None = None
+    # The control plane's admin API on a port of its own (on loopback: `up`
+    # gives it no token); None: on control_plane_port with the rest.
+    admin_port: int | None = None
 
     @property
     def control_plane_url(self) -> str:
         return f"http://{self.host}:{self.control_plane_port}"
+
+    @property
+    def admin_url(self) -> str:
+        if self.admin_port is None:
+            return self.control_plane_url
+        return f"http://127.0.0.1:{self.admin_port}"
 
     @property
     def gateway_url(self) -> str:
@@ -78,6 +87,8 @@ class Stack:
             control_plane += ["--policy", str(self.policy)]
         if self.policy_dir:
             control_plane += ["--policy-dir", str(self.policy_dir)]
+        if self.admin_port is not None:
+            control_plane += ["--admin-port", str(self.admin_port)]
         return {
             "control-plane": control_plane,
             "worker": worker,
@@ -147,7 +158,7 @@ def banner(stack: Stack, ca_cert: Path) -> str:
     return f"""
 Hedgerow is up: {url}   (HTTP/1.1, HTTP/2 and HTTP/3 on this port)
   chat page:        {url}/{localhost}
-  control plane:    {stack.control_plane_url}
+  control plane:    {stack.control_plane_url}{_admin_line(stack)}
   dev certificate:  {ca_cert}   (trust it, or pass it as --cacert)
 
 Stream a chat with curl:
@@ -168,12 +179,21 @@ Press Ctrl-C to stop.
 """
 
 
+def _admin_line(stack: Stack) -> str:
+    if stack.admin_port is None:
+        return ""
+    return (f"\n  admin API:        {stack.admin_url}   (for `hedgerow policy` and "
+            f"`hedgerow status`: export HEDGEROW_ADMIN_URL={stack.admin_url})")
+
+
 def busy_ports(stack: Stack) -> list[str]:
     """Ports the stack needs that something else already holds."""
     wanted = [(host, stack.gateway_port, kind, what) for host in stack.gateway_hosts
               for kind, what in ((socket.SOCK_STREAM, "gateway TCP"),
                                  (socket.SOCK_DGRAM, "gateway UDP (HTTP/3)"))]
     wanted.append((stack.host, stack.control_plane_port, socket.SOCK_STREAM, "control plane"))
+    if stack.admin_port is not None:
+        wanted.append(("127.0.0.1", stack.admin_port, socket.SOCK_STREAM, "control plane admin"))
     busy: list[str] = []
     for host, port, kind, what in wanted:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -195,7 +215,7 @@ def run_stack(stack: Stack) -> int:
     busy = busy_ports(stack)
     if busy:
         print("hedgerow up: cannot start, " + "; ".join(busy) +
-              ".\nStop what holds it, or choose others with --port / --control-plane-port.",
+              ".\nStop what holds it, or choose others with --port / --control-plane-port / --admin-port.",
               file=sys.stderr)
         return 2
     ca_cert = ensure_dev_certificate(stack.state_dir).ca_cert.resolve()

@@ -24,6 +24,7 @@ from hedgerow.cli import DEFAULT_CONTROL_PLANE
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE = 0, 1, 3
 REQUEST_TIMEOUT_S = 10.0
+ADMIN_URL_ENV = "HEDGEROW_ADMIN_URL"
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -45,19 +46,15 @@ def add_policy_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
     rollback.add_argument("version", type=int)
     for action, run in ((apply, run_apply), (show, run_show), (history, run_history),
                         (rollback, run_rollback)):
-        action.add_argument("--control-plane", default=os.environ.get(
-            "HEDGEROW_CONTROL_PLANE", DEFAULT_CONTROL_PLANE), help="admin API base URL")
-        _add_admin_token_option(action)
+        _add_admin_options(action)
         action.set_defaults(run=_reporting_unreachable(run))
 
 
 def add_status_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     status = commands.add_parser(
         "status", help="every worker and gateway, and the policy version each gateway runs")
-    status.add_argument("--control-plane", default=os.environ.get(
-        "HEDGEROW_CONTROL_PLANE", DEFAULT_CONTROL_PLANE), help="control plane base URL")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
-    _add_admin_token_option(status)
+    _add_admin_options(status)
     status.set_defaults(run=_reporting_unreachable(run_status))
 
 
@@ -185,7 +182,14 @@ def check_startup_policy(policy_file: Path, policy_dir: Path | None) -> str | No
     return None
 
 
-def _add_admin_token_option(parser: argparse.ArgumentParser) -> None:
+def _add_admin_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--control-plane", default=os.environ.get(
+        "HEDGEROW_CONTROL_PLANE", DEFAULT_CONTROL_PLANE),
+        help="control plane base URL, where its admin API is unless --admin-url says "
+             "otherwise (default $HEDGEROW_CONTROL_PLANE or %(default)s)")
+    parser.add_argument("--admin-url", default=os.environ.get(ADMIN_URL_ENV) or None,
+                        help="the admin API's base URL, for a control plane started with "
+                             f"--admin-port (default ${ADMIN_URL_ENV}; none: --control-plane)")
     parser.add_argument("--admin-token-file", type=Path,
                         help="file holding the admin token (default $HEDGEROW_ADMIN_TOKEN)")
 
@@ -209,12 +213,13 @@ class _BadToken(Exception):
 
 
 def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> httpx.Response:
-    url = args.control_plane.rstrip("/") + path
+    base = args.admin_url or args.control_plane
     headers = _admin_headers(args)
     try:
-        return httpx.request(method, url, timeout=REQUEST_TIMEOUT_S, headers=headers, **kwargs)
+        return httpx.request(method, base.rstrip("/") + path, timeout=REQUEST_TIMEOUT_S,
+                             headers=headers, **kwargs)
     except httpx.HTTPError as error:
-        raise _Unreachable(f"cannot reach the control plane at {args.control_plane}: "
+        raise _Unreachable(f"cannot reach the control plane at {base}: "
                            f"{error or type(error).__name__}") from None
 
 
@@ -248,6 +253,9 @@ def _refused(response: httpx.Response, consequence: str = "") -> int:
         print(f"hedgerow: {message}", file=sys.stderr)
     if response.status_code == 401:
         print("hedgerow: set $HEDGEROW_ADMIN_TOKEN or pass --admin-token-file", file=sys.stderr)
+    if response.status_code == 404 and body["error"].get("code") == "not_found":
+        print(f"hedgerow: a control plane started with --admin-port serves its admin API "
+              f"there only: pass --admin-url or set ${ADMIN_URL_ENV}", file=sys.stderr)
     if consequence:
         print(f"hedgerow: {consequence}", file=sys.stderr)
     return EXIT_REFUSED if 400 <= response.status_code < 500 else EXIT_UNREACHABLE

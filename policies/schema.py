@@ -144,6 +144,9 @@ class Timeouts(_Strict):
     connect_ms: int = Field(2000, ge=1)
     ttft_ms: int = Field(30000, ge=1)
     idle_ms: int = Field(30000, ge=1)
+    # A client's request body, from the end of its headers: later, 408 and
+    # (HTTP/1.1) the connection closed, so a trickled body cannot hold it.
+    body_ms: int = Field(10_000, ge=100, le=600_000)
 
 
 class Retries(_Strict):
