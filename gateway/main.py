@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from control_plane.admin_auth import admin_bind_host
 from gateway.admin import GatewayAdmin
 from gateway.app import GatewayApp
 from gateway.cache import ResponseCache
+from gateway.connection_cap import DEFAULT_MAX_CONNECTIONS, ConnectionCap, fit_file_limit
 from gateway.cors import CorsMiddleware
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain
@@ -59,7 +61,7 @@ class GatewayOptions:
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     # This gateway's PoP: routing prefers workers labelled pop=<it> (policies.locality).
     pop: str | None = None
-    # Tenants' requests/s limits shared with every gateway on this Redis
+    # Tenants' requests/s and tokens/min limits shared with every gateway on this Redis
     # (``gateway.shared_limits``). None: each gateway limits on its own.
     redis_url: str | None = None
     # The admin API (cache purge, stats; ``gateway.admin``) on its own plain
@@ -67,6 +69,8 @@ class GatewayOptions:
     admin_port: int | None = None
     admin_host: str = "127.0.0.1"
     admin_token: str | None = None
+    # Open TCP connections; beyond it new ones are closed at accept, before TLS.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ async def run_gateway(
             app = GatewayApp(policy, directory, front,  # type: ignore[arg-type]
                              Dispatcher(scheduler, workers, policy), cache=cache)
             app.metrics.watch_cache(cache.stats)
+            connections = ConnectionCap(fit_file_limit(options.max_connections))
+            app.metrics.watch_connections(connections.stats)
             edge = CorsMiddleware(app, policy.cors)
 
             async def apply_policy(new: Policy) -> None:
@@ -108,7 +114,7 @@ async def run_gateway(
                 await app.apply_policy(new)
 
             if shared is not None:
-                log.info("tenants' requests/s limits are shared through Redis")
+                log.info("tenants' requests/s and tokens/min limits are shared through Redis")
             if options.policy_path is None:
                 gateway_id = options.gateway_id or f"gw-{socket.gethostname()}-{options.port}"
                 policies = PolicyFollower(options.control_plane, gateway_id, apply_policy,
@@ -129,7 +135,8 @@ async def run_gateway(
                 if options.admin_port is not None:
                     await _serve_admin(tg, GatewayAdmin(cache, options.admin_token),
                                        options, shutdown)
-                port = await tg.start(serve, edge, config, drain_on_shutdown)
+                port = await tg.start(functools.partial(serve, connection_cap=connections),
+                                      edge, config, drain_on_shutdown)
                 hosts = [options.host] if isinstance(options.host, str) else options.host
                 log.info("gateway listening on %s (h1, h2, h3)", ", ".join(
                     f"https://{f'[{h}]' if ':' in h else h}:{port}" for h in hosts))

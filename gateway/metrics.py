@@ -29,6 +29,10 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
   the circuit is open, sync), ``hedgerow_cache_guard_rejections_total{reason}``
   (semantic matches refused by a guard), ``hedgerow_cache_evictions_total{kind}``
   and ``hedgerow_cache_entries{kind}`` (this gateway's memory).
+- From ``ConnectionCap.stats()`` at scrape time (``watch_connections``):
+  ``hedgerow_connections_open`` (TCP connections open now, TLS handshakes
+  included), ``hedgerow_connections_limit`` (``--max-connections``) and
+  ``hedgerow_connections_refused_total`` (closed at accept: at the cap).
 
 The scheduler's own counters and gauges are read from its ``Stats`` snapshot
 at scrape time: ``hedgerow_shed_total{reason}``, ``hedgerow_hedges_total{outcome}``
@@ -102,7 +106,8 @@ class GatewayMetrics:
                               "identical request's generation instead of starting one.",
                               registry=r)
         self.scheduler = SchedulerCollector(r)
-        self.cache_stats = CacheStatsCollector(r)
+        self.cache_stats = StatsCollector(r, cache_families)
+        self.connection_stats = StatsCollector(r, connection_families)
         # Labelled children resolved once per label set, not per request
         # (``labels()`` builds a key, and prometheus_client's takes a lock, on
         # every call). At most RESOLVED_MAX label sets are remembered.
@@ -133,6 +138,10 @@ class GatewayMetrics:
     def watch_cache(self, stats: Callable[[], Mapping[str, Any]]) -> None:
         """Export the response cache's own counters (``ResponseCache.stats``) on scrape."""
         self.cache_stats.stats = stats
+
+    def watch_connections(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the connection cap's counts (``ConnectionCap.stats``) on scrape."""
+        self.connection_stats.stats = stats
 
     def cache_lookup(self, result: str) -> None:
         counter = self._cache.get(result)
@@ -241,18 +250,36 @@ class SchedulerCollector(Collector):
         return iter(scheduler_families(self.stats, self.directory, self.hedges_won))
 
 
-class CacheStatsCollector(Collector):
-    """The response cache's counters, read from its ``stats()`` at scrape time."""
+class StatsCollector(Collector):
+    """A component's counters, read from its ``stats()`` at scrape time and turned
+    into metric families by ``families``."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry,
+                 families: Callable[[Mapping[str, Any]], list[Metric]]) -> None:
         self.stats: Callable[[], Mapping[str, Any]] | None = None
+        self.families = families
         registry.register(self)
 
     def describe(self) -> Iterator[Metric]:
-        return iter(cache_families({}))
+        return iter(self.families({}))
 
     def collect(self) -> Iterator[Metric]:
-        return iter(cache_families(self.stats() if self.stats is not None else {}))
+        return iter(self.families(self.stats() if self.stats is not None else {}))
+
+
+def connection_families(stats: Mapping[str, Any]) -> list[Metric]:
+    """``ConnectionCap.stats()`` as metric families (sans-IO); none without a cap."""
+    if not stats:
+        return []
+    return [
+        _gauge("hedgerow_connections_open", "TCP connections open now (TLS handshakes "
+               "included).", None, {"": stats["open"]}),
+        _gauge("hedgerow_connections_limit", "Open TCP connections allowed "
+               "(--max-connections).", None, {"": stats["limit"]}),
+        _counter("hedgerow_connections_refused_total", "TCP connections closed at accept, "
+                 "before TLS, because the open-connection limit was reached.", None,
+                 {"": stats["refused"]}),
+    ]
 
 
 def cache_families(stats: Mapping[str, Any]) -> list[Metric]:

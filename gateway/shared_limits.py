@@ -1,26 +1,38 @@
-"""Tenants' requests/s limits shared by every gateway on one Redis (``--redis URL``).
+"""Tenants' request and token rates shared by every gateway on one Redis (``--redis URL``).
 
 Each gateway admits with its own token buckets (``policies.admission``); with
 several gateways behind a load balancer a tenant limited to N requests/s
-would get N per gateway. With a Redis URL each request first takes a token
-from one bucket per tenant kept in Redis, by a Lua script (atomic, so two
-gateways never both take the last token). The script is the same arithmetic
-as ``policies.token_bucket.TokenBucket`` — starts full, refills continuously
-at ``requests_per_s`` up to ``requests_burst`` — on Redis's clock, so the
-gateways' clocks never matter. The local buckets still apply after it.
+would get N per gateway. With a Redis URL each request first takes one
+request and its token estimate from the tenant's two buckets in Redis
+(``requests_per_s``/``requests_burst`` and ``tokens_per_min``/``tokens_burst``),
+in one Lua script: atomic, so two gateways never both take the last token,
+and both or neither, so a refused request takes nothing. The arithmetic is
+``policies.token_bucket.TokenBucket``'s — starts full, refills continuously
+up to the burst — on Redis's clock, so the gateways' clocks never matter.
+The local buckets still apply after it.
+
+Tokens are charged as the local admission charges them: the estimate
+(prompt tokens + ``max_tokens``), capped at the tenant's token burst, when
+the request is admitted; when it ends (``TicketDone``) the bucket is settled
+with what the worker really generated (unused tokens given back, extra usage
+drained, never past full or empty). A request that the gateway's own
+admission refuses after the shared check gets its whole token charge back.
 
 Redis unreachable or slow (``REDIS_TIMEOUT_S``): the request is decided by the
 local buckets alone, counted (``hedgerow_shared_limits_fallback_total``) and
 logged once per outage; Redis is not tried again for ``RETRY_AFTER_S``, so an
-outage costs no request more than one timeout. While it lasts a tenant can
-get its limit from each gateway.
+outage costs no request more than one timeout. While it lasts each gateway
+applies its own limits, so a tenant can get its limit from each.
 
-Only the requests/s limit is shared: ``tokens_per_min`` and
-``max_concurrency`` stay per gateway.
+``max_concurrency`` stays per gateway: a shared count needs leases that a
+live gateway renews for as long as each stream runs (minutes) and that
+expire when it dies, or a crashed gateway would hold its tenants' slots
+forever; see docs/operations.md.
 
 ``SharedLimitsScheduler`` puts the check in front of the scheduler actor: it
-answers ``Submit`` with the same ``Refused`` (429 ``requests_rate``) the
-scheduler's own admission would, and passes every other message through.
+answers ``Submit`` with the same ``Refused`` (429 ``requests_rate`` or
+``tokens_rate``) the scheduler's own admission would, settles on
+``TicketDone``, and passes every other message through.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -35,9 +48,10 @@ import anyio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.tickets import Stats, Submit, Ticket
+from gateway.tickets import Stats, Submit, Ticket, TicketDone
 from hedgerow.actors import ActorRef
 from policies.admission import Refused
+from policies.schema import TenantLimits
 
 log = logging.getLogger("hedgerow.gateway.shared_limits")
 
@@ -45,42 +59,52 @@ REDIS_TIMEOUT_S = 0.25
 RETRY_AFTER_S = 1.0
 DEFAULT_PREFIX = "hedgerow"
 
-# KEYS: the bucket. ARGV: rate per s, burst, amount. Returns {granted, wait_s}.
+# One bucket's state is a hash {level, at}; ``at`` is Redis's TIME in seconds.
 # Floats go back as strings: Redis would truncate a Lua number to an integer.
-_TAKE = """
-local rate = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local amount = tonumber(ARGV[3])
+_BUCKETS = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
-local saved = redis.call('HMGET', KEYS[1], 'level', 'at')
-local level = tonumber(saved[1])
-local at = tonumber(saved[2])
-if level == nil or at == nil then
-  level = burst
-  at = now
+local function refill(key, rate, burst)
+  local saved = redis.call('HMGET', key, 'level', 'at')
+  local level, at = tonumber(saved[1]), tonumber(saved[2])
+  if level == nil or at == nil then return burst, now end
+  level = math.min(level, burst)
+  if now > at then return math.min(burst, level + (now - at) * rate), now end
+  return level, at
 end
-level = math.min(level, burst)
-if now > at then
-  level = math.min(burst, level + (now - at) * rate)
-  at = now
+local function save(key, level, at, rate, burst)
+  redis.call('HSET', key, 'level', tostring(level), 'at', tostring(at))
+  redis.call('PEXPIRE', key, math.ceil(burst / rate * 1000) + 1000)
 end
-local granted = 0
-local wait = 0
-if amount <= level + 1e-9 then
-  level = math.max(0, level - amount)
-  granted = 1
-else
-  wait = (amount - level) / rate
-end
-redis.call('HSET', KEYS[1], 'level', tostring(level), 'at', tostring(at))
-redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
-return {granted, tostring(wait)}
+"""
+
+# KEYS: requests bucket, tokens bucket. ARGV: requests/s, requests burst,
+# tokens/s, tokens burst, tokens to take. Returns {granted, refused by, wait_s}.
+_TAKE = _BUCKETS + """
+local rrate, rburst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local trate, tburst, amount = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local requests, rat = refill(KEYS[1], rrate, rburst)
+local tokens, tat = refill(KEYS[2], trate, tburst)
+if requests + 1e-9 < 1 then return {0, 'requests', tostring((1 - requests) / rrate)} end
+if tokens + 1e-9 < amount then return {0, 'tokens', tostring((amount - tokens) / trate)} end
+save(KEYS[1], math.max(0, requests - 1), rat, rrate, rburst)
+save(KEYS[2], math.max(0, tokens - amount), tat, trate, tburst)
+return {1, '', '0'}
+"""
+
+# KEYS: a tokens bucket. ARGV: tokens/s, burst, change (> 0: given back,
+# < 0: drained). The level stays within [0, burst]. Returns the new level.
+_ADJUST = _BUCKETS + """
+local rate, burst, change = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local level, at = refill(KEYS[1], rate, burst)
+level = math.max(0, math.min(burst, level + change))
+save(KEYS[1], level, at, rate, burst)
+return tostring(level)
 """
 
 
 class SharedRequestLimits:
-    """The Redis side: one requests/s bucket per tenant, shared by all gateways."""
+    """The Redis side: per tenant, one requests/s and one tokens/min bucket for all gateways."""
 
     def __init__(self, redis: Redis, *, prefix: str = DEFAULT_PREFIX,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -88,46 +112,93 @@ class SharedRequestLimits:
         self.prefix = prefix
         self.clock = clock
         self._take = redis.register_script(_TAKE)
+        self._adjust = redis.register_script(_ADJUST)
         self._down_until = -math.inf
         self._outage = False
-        self.counters: dict[str, int] = {"checked": 0, "refused": 0, "fallback": 0}
+        # What each admitted ticket took from its shared tokens bucket (gone with the ticket).
+        self._charged: weakref.WeakKeyDictionary[Ticket, float] = weakref.WeakKeyDictionary()
+        self.counters: dict[str, int] = {"checked": 0, "refused_requests": 0,
+                                         "refused_tokens": 0, "fallback": 0}
 
     async def check(self, ticket: Ticket) -> Refused | None:
-        """None: go on to local admission. A ``Refused``: the tenant's shared bucket is empty."""
-        if ticket.policy is None:
-            return None
-        limits = next((t.limits for t in ticket.policy.tenants if t.name == ticket.tenant), None)
+        """None: go on to local admission. A ``Refused``: a shared bucket is short."""
+        limits = _limits_of(ticket)
         if limits is None:
             return None
         if self.clock() < self._down_until:
             self.counters["fallback"] += 1
             return None
-        key = f"{self.prefix}:ratelimit:{ticket.tenant}:requests"
+        charge = float(min(ticket.estimated_tokens, limits.tokens_burst))
+        args = [repr(limits.requests_per_s), str(limits.requests_burst),
+                repr(limits.tokens_per_min / 60.0), str(limits.tokens_burst), repr(charge)]
         try:
             with anyio.fail_after(REDIS_TIMEOUT_S):
-                granted, wait = await self._take(
-                    keys=[key], args=[repr(limits.requests_per_s), str(limits.requests_burst), "1"])
+                granted, refused_by, wait = await self._take(
+                    keys=self._keys(ticket.tenant), args=args)
         except (RedisError, OSError, TimeoutError) as error:
             self._fell_back(error)
             return None
+        self._back()
+        self.counters["checked"] += 1
+        if int(granted):
+            self._charged[ticket] = charge
+            return None
+        return self._refusal(ticket.tenant, limits, _text(refused_by), float(wait))
+
+    async def settle(self, ticket: Ticket, actual_tokens: int) -> None:
+        """Correct the tenant's shared tokens bucket by what ``ticket`` really used
+        (0: the request never ran, all of its charge goes back)."""
+        charged = self._charged.pop(ticket, None)
+        limits = _limits_of(ticket)
+        change = 0.0 if charged is None else charged - actual_tokens
+        if limits is None or change == 0 or self.clock() < self._down_until:
+            return
+        args = [repr(limits.tokens_per_min / 60.0), str(limits.tokens_burst), repr(change)]
+        try:
+            with anyio.fail_after(REDIS_TIMEOUT_S):
+                await self._adjust(keys=self._keys(ticket.tenant)[1:], args=args)
+        except (RedisError, OSError, TimeoutError) as error:
+            self._fell_back(error, count=False)
+
+    def _keys(self, tenant: str) -> list[str]:
+        base = f"{self.prefix}:ratelimit:{tenant}"
+        return [f"{base}:requests", f"{base}:tokens"]
+
+    def _refusal(self, tenant: str, limits: TenantLimits, refused_by: str,
+                 wait: float) -> Refused:
+        if refused_by == "tokens":
+            self.counters["refused_tokens"] += 1
+            return Refused(429, "tokens_rate", wait,
+                           f"tenant {tenant!r} exceeded {limits.tokens_per_min:g} tokens per "
+                           "minute (shared by all gateways)")
+        self.counters["refused_requests"] += 1
+        return Refused(429, "requests_rate", wait,
+                       f"tenant {tenant!r} exceeded {limits.requests_per_s:g} requests "
+                       "per second (shared by all gateways)")
+
+    def _back(self) -> None:
         if self._outage:
             self._outage = False
             log.warning("shared rate limits: Redis is back; limits hold across gateways again")
-        self.counters["checked"] += 1
-        if int(granted):
-            return None
-        self.counters["refused"] += 1
-        return Refused(429, "requests_rate", float(wait),
-                       f"tenant {ticket.tenant!r} exceeded {limits.requests_per_s:g} requests "
-                       "per second (shared by all gateways)")
 
-    def _fell_back(self, error: BaseException) -> None:
-        self.counters["fallback"] += 1
+    def _fell_back(self, error: BaseException, *, count: bool = True) -> None:
+        if count:
+            self.counters["fallback"] += 1
         self._down_until = self.clock() + RETRY_AFTER_S
         if not self._outage:
             self._outage = True
             log.warning("shared rate limits: Redis unreachable (%s: %s); each gateway applies "
                         "its own limits until it is back", type(error).__name__, error)
+
+
+def _limits_of(ticket: Ticket) -> TenantLimits | None:
+    if ticket.policy is None:
+        return None
+    return next((t.limits for t in ticket.policy.tenants if t.name == ticket.tenant), None)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class SharedLimitsScheduler:
@@ -144,12 +215,16 @@ class SharedLimitsScheduler:
             if refusal is not None:
                 return refusal
         answer = await self.scheduler.ask(message, timeout=timeout)
+        if isinstance(message, Submit) and answer is not None:
+            await self.limits.settle(message.ticket, 0)  # refused here: it never ran
         if isinstance(message, Stats):
             answer = add_shared_counters(answer, self.limits.counters)
         return answer
 
     async def tell(self, message: Any) -> None:
         await self.scheduler.tell(message)
+        if isinstance(message, TicketDone):
+            await self.limits.settle(message.ticket, message.actual_tokens)
 
     def tell_nowait(self, message: Any) -> None:
         self.scheduler.tell_nowait(message)
@@ -158,7 +233,8 @@ class SharedLimitsScheduler:
 def add_shared_counters(stats: dict[str, Any], counters: dict[str, int]) -> dict[str, Any]:
     """Scheduler stats plus the shared limits' refusals and fallbacks (for /metrics)."""
     merged = dict(stats["counters"])
-    merged["shed_shared_requests_rate"] = counters["refused"]
+    merged["shed_shared_requests_rate"] = counters["refused_requests"]
+    merged["shed_shared_tokens_rate"] = counters["refused_tokens"]
     merged["shared_limits_fallback"] = counters["fallback"]
     return {**stats, "counters": merged}
 

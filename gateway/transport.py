@@ -47,7 +47,9 @@ from hypercorn.events import Closed
 from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
+from gateway.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
 from gateway.h2_guard import install_h2_guard
+from gateway.write_coalescing import install_write_coalescing
 from gateway.quic_tickets import QuicTicketStore
 
 __all__ = [
@@ -77,6 +79,12 @@ TLS_HANDSHAKE_TIMEOUT_S = 5.0
 #   is closed after it too, whatever it still sends.
 KEEP_ALIVE_TIMEOUT_S = 5.0
 MAX_REQUESTS_PER_CONNECTION = 1_000_000
+# - Open TCP connections: a ``ConnectionCap`` passed to ``serve`` (gateway
+#   ``--max-connections``) closes the ones beyond it at accept, before TLS.
+#   Connections the kernel completed wait in the accept queue for at most
+#   this many; the gateway accepts (and refuses, at the cap) as fast as they
+#   come, so the queue only absorbs bursts, and holds no Python memory.
+ACCEPT_BACKLOG = 1024
 # - An HTTP/1.1 request line plus headers larger than this get a 400 and the
 #   connection closes (HTTP/2: the header list limit, checked by h2).
 MAX_HEADER_BYTES = 16 * 1024
@@ -148,6 +156,7 @@ def build_config(
     config.graceful_timeout = graceful_timeout_s
     config.ssl_handshake_timeout = TLS_HANDSHAKE_TIMEOUT_S
     config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
+    config.backlog = ACCEPT_BACKLOG
     # Hypercorn closes a connection after 1000 requests by default, which drops
     # every other stream multiplexed on an HTTP/2 connection with it.
     config.keep_alive_max_requests = MAX_REQUESTS_PER_CONNECTION
@@ -162,11 +171,13 @@ async def serve(
     config: Config,
     shutdown_trigger: ShutdownTrigger,
     *,
+    connection_cap: ConnectionCap | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown_trigger()`` returns, then drain and return.
 
-    Reports the bound port through ``task_status``. Cancelling ``serve`` also
+    Reports the bound port through ``task_status``. With ``connection_cap``,
+    TCP connections beyond its limit are closed at accept (``gateway.connection_cap``). Cancelling ``serve`` also
     drains gracefully (bounded by ``config.graceful_timeout``) before the
     cancellation propagates, so listeners are never abandoned half-open.
     A failure inside hypercorn (e.g. the app's lifespan startup) propagates
@@ -179,7 +190,8 @@ async def serve(
         task_status.started(listeners.port)
         stop = anyio.Event()
         async with anyio.create_task_group() as task_group:
-            task_group.start_soon(_serve_until_stopped, app, config, listeners, stop)
+            task_group.start_soon(_serve_until_stopped, app, config, listeners, stop,
+                                  connection_cap)
             try:
                 await shutdown_trigger()
             finally:
@@ -191,8 +203,12 @@ async def serve(
 
 
 async def _serve_until_stopped(
-    app: ASGIFramework, config: Config, listeners: Listeners, stop: anyio.Event
+    app: ASGIFramework, config: Config, listeners: Listeners, stop: anyio.Event,
+    connection_cap: ConnectionCap | None,
 ) -> None:
+    # This task's own context: hypercorn's worker, started from it, opens its
+    # TLS listeners through the cap (``HypercornAsyncio.start_server``).
+    ACTIVE_CAP.set(connection_cap)
     # Shielded: hypercorn's shutdown path awaits (closing servers, draining
     # connections); under a cancelled scope those awaits would be cut short.
     # ``stop`` is what ends it, and the caller sets it on cancellation too.
@@ -317,7 +333,7 @@ def _with_alt_svc(config: Config, listeners: Listeners) -> Config:
 
 
 def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
-    """Fill three gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
+    """Fill five gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
 
     1. ``hypercorn/protocol/quic.py`` builds ``QuicConnection(configuration=...,
        original_destination_connection_id=...)`` without aioquic's
@@ -331,8 +347,14 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
        graceful_timeout. ``_ClosingUDPServer`` fixes both.
     3. HTTP/2 DATA arriving after a stream's response ended (a 413 before the
        body was read) crashed the connection: see ``gateway.h2_guard``.
+    4. Nothing bounds how many TCP connections are open: the worker's
+       ``asyncio`` is replaced by ``HypercornAsyncio``, whose ``start_server``
+       applies the ``ConnectionCap`` given to ``serve`` (none given: unchanged).
+    5. Every frame was its own TLS record and syscall: a connection's writes
+       now leave once per loop pass (``gateway.write_coalescing``).
     """
     install_h2_guard()
+    install_write_coalescing()
     hooks = tickets.hooks()
     hypercorn.protocol.quic.QuicConnection = functools.partial(  # type: ignore[misc]
         aioquic.quic.connection.QuicConnection,
@@ -340,6 +362,7 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
         session_ticket_handler=hooks.session_ticket_handler,
     )
     hypercorn.asyncio.run.UDPServer = _ClosingUDPServer  # type: ignore[misc]
+    hypercorn.asyncio.run.asyncio = HypercornAsyncio()  # type: ignore[assignment,attr-defined]
 
 
 class _ClosingUDPServer(UDPServer):

@@ -169,8 +169,8 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="on SIGTERM, how long in-flight streams may finish before they "
                          "are ended with an error event (default 30)")
     gw.add_argument("--redis", metavar="URL", default=os.environ.get("HEDGEROW_REDIS_URL"),
-                    help="share tenants' requests/s limits and the response cache with the "
-                         "other gateways on this Redis (default $HEDGEROW_REDIS_URL; none: "
+                    help="share tenants' requests/s and tokens/min limits and the response "
+                         "cache with the other gateways on this Redis (default $HEDGEROW_REDIS_URL; none: "
                          "per gateway)")
     gw.add_argument("--admin-port", type=int, default=None, metavar="N",
                     help="serve the admin API (cache purge, stats) on http://ADMIN-HOST:N "
@@ -340,7 +340,7 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     run_until_signalled(lambda shutdown: run_control_plane(
         args.host, args.port, shutdown, lease_s=args.lease_s,
         policy_file=policy_file, policy_dir=args.policy_dir, admin_token=admin_token,
-        redis_url=args.redis))
+        redis_url=args.redis, admin_port=args.admin_port, admin_host=args.admin_host))
     return 0
 
 
@@ -409,7 +409,7 @@ def _run_up(args: argparse.Namespace) -> int:
         python=sys.executable, host=args.host, gateway_port=args.port,
         control_plane_port=args.control_plane_port, state_dir=args.state_dir,
         slots=args.slots, model_path=args.model_path, policy=args.policy,
-        policy_dir=args.policy_dir,
+        policy_dir=args.policy_dir, admin_port=args.admin_port,
     )
     return run_stack(stack)
 

@@ -1,0 +1,237 @@
+"""A cap on the gateway's open TCP connections, enforced at accept, before TLS.
+
+Hypercorn bounds a connection only in time (handshake and keep-alive
+timeouts) and accepts without limit, so a flood can take every file
+descriptor and the memory of every TLS session at once. With a cap, a
+connection accepted while ``limit`` are open is closed at once: no TLS byte
+is read or written for it, the client reads EOF, and the connections already
+open are served as before. Refusals are counted
+(``hedgerow_connections_refused_total``) and logged at most once per
+``LOG_EVERY_S``.
+
+How, without forking hypercorn: its asyncio worker opens each TLS listener
+with ``asyncio.start_server(callback, sock=..., ssl=..., ...)``, whose
+server wraps every accepted socket in TLS at once. ``capped_start_server``
+returns a ``CappedListener`` instead: its own accept loop
+(``loop.sock_accept``) closes a connection over the cap before any transport
+exists, and hands one under it to ``loop.connect_accepted_socket`` with the
+same TLS context and handshake timeout, and the same stream protocol and
+callback, that ``start_server`` would have used. (Upgrading a plain TCP
+transport with ``start_tls`` instead would race uvloop, which starts reading
+right after ``connection_made`` and would hand the ClientHello to the wrong
+protocol.) The slot is given back when the connection is lost, whether the
+handshake failed, timed out or the connection served and closed. The cap in
+force is the one ``serve`` put in ``ACTIVE_CAP`` (a context variable, so two
+servers in one process each keep their own).
+
+QUIC (HTTP/3) connections are not counted here; hypercorn's UDP server keeps
+its own table of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import socket
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from ssl import SSLContext
+from typing import Any
+
+log = logging.getLogger("hedgerow.gateway.connections")
+
+DEFAULT_MAX_CONNECTIONS = 4096
+LOG_EVERY_S = 10.0
+ACCEPT_RETRY_S = 0.1
+STREAM_LIMIT = 2**16  # asyncio.start_server's default reader limit
+
+StreamCallback = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None] | None]
+
+
+class ConnectionCap:
+    """Open connections against a limit (sans-IO: plain counting)."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_CONNECTIONS) -> None:
+        if limit < 1:
+            raise ValueError(f"the connection limit must be >= 1, not {limit!r}")
+        self.limit = limit
+        self.open = 0
+        self.refused = 0
+        self._refused_logged = 0
+        self._logged_at = -LOG_EVERY_S
+
+    def try_open(self) -> bool:
+        """Take a slot for a new connection; False (and counted): at the cap."""
+        if self.open >= self.limit:
+            self.refused += 1
+            return False
+        self.open += 1
+        return True
+
+    def close(self) -> None:
+        if self.open <= 0:
+            raise RuntimeError("a connection closed that the cap never opened")
+        self.open -= 1
+
+    def refusals_to_log(self, now: float) -> int:
+        """Refusals since the last log line, if one is due at ``now``; else 0."""
+        new = self.refused - self._refused_logged
+        if new == 0 or now - self._logged_at < LOG_EVERY_S:
+            return 0
+        self._refused_logged, self._logged_at = self.refused, now
+        return new
+
+    def stats(self) -> dict[str, int]:
+        return {"open": self.open, "refused": self.refused, "limit": self.limit}
+
+
+ACTIVE_CAP: ContextVar[ConnectionCap | None] = ContextVar("hedgerow_connection_cap", default=None)
+
+
+class _Slot:
+    """One connection's hold on the cap, given back exactly once."""
+
+    def __init__(self, cap: ConnectionCap) -> None:
+        self._cap: ConnectionCap | None = cap
+
+    def give_back(self) -> None:
+        if self._cap is not None:
+            self._cap.close()
+            self._cap = None
+
+
+class _CountedStreamProtocol(asyncio.StreamReaderProtocol):
+    """The protocol ``asyncio.start_server`` builds, plus: frees the slot when lost."""
+
+    def __init__(self, slot: _Slot, callback: StreamCallback,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(asyncio.StreamReader(limit=STREAM_LIMIT, loop=loop), callback, loop=loop)
+        self._slot = slot
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            super().connection_lost(exc)  # first: the stream ends whatever the count does
+        finally:
+            self._slot.give_back()
+
+
+class CappedListener:
+    """A TLS listener that accepts with the cap in front: what ``capped_start_server``
+    gives hypercorn in place of an ``asyncio.Server`` (it only calls ``close`` and
+    ``wait_closed``)."""
+
+    def __init__(self, sock: socket.socket, cap: ConnectionCap, callback: StreamCallback,
+                 context: SSLContext, handshake_timeout: float | None) -> None:
+        self._sock = sock
+        self._cap = cap
+        self._callback = callback
+        self._context = context
+        self._handshake_timeout = handshake_timeout
+        # Handshakes under way, held here: the loop keeps only weak references to tasks.
+        self._handshakes: set[asyncio.Task[None]] = set()
+        self._accepting = asyncio.get_running_loop().create_task(self._accept_forever())
+        # The listening socket closes once nothing waits on it any more.
+        self._accepting.add_done_callback(lambda _: sock.close())
+
+    def close(self) -> None:
+        """Stop accepting; connections already open carry on."""
+        self._accepting.cancel()
+
+    async def wait_closed(self) -> None:
+        await asyncio.wait([self._accepting])
+
+    async def _accept_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                connection, _ = await loop.sock_accept(self._sock)
+            except ConnectionAbortedError:
+                continue  # the client gave up while queued
+            except OSError as error:  # out of descriptors or buffers: let some close
+                log.warning("accept failed (%s); retrying in %.1fs", error, ACCEPT_RETRY_S)
+                await asyncio.sleep(ACCEPT_RETRY_S)
+                continue
+            self._admit(connection)
+
+    def _admit(self, connection: socket.socket) -> None:
+        if not self._cap.try_open():
+            connection.close()  # no TLS byte read or written: the client reads EOF
+            _log_refusals(self._cap)
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(connection, _Slot(self._cap)))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+
+    async def _serve(self, connection: socket.socket, slot: _Slot) -> None:
+        """TLS, then hypercorn's callback: what ``start_server(ssl=...)`` does for each."""
+        loop = asyncio.get_running_loop()
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await loop.connect_accepted_socket(
+                lambda: _CountedStreamProtocol(slot, self._callback, loop), connection,
+                ssl=self._context, ssl_handshake_timeout=self._handshake_timeout)
+        except OSError:  # the handshake failed, timed out or was cut; the socket is closed
+            slot.give_back()
+        except BaseException:
+            slot.give_back()
+            raise
+
+
+def _log_refusals(cap: ConnectionCap) -> None:
+    refused = cap.refusals_to_log(asyncio.get_running_loop().time())
+    if refused:
+        log.warning("connection cap reached: %d connection(s) refused at accept (%d open, "
+                    "limit %d; --max-connections)", refused, cap.open, cap.limit)
+
+
+async def capped_start_server(callback: StreamCallback, host: Any = None, port: Any = None,
+                              *, sock: socket.socket | None = None,
+                              ssl: SSLContext | None = None,
+                              ssl_handshake_timeout: float | None = None,
+                              **kwargs: Any) -> asyncio.Server | CappedListener:
+    """``asyncio.start_server`` with the cap in ``ACTIVE_CAP`` in front of TLS.
+
+    Without a cap, TLS or a listening socket it is ``asyncio.start_server`` itself.
+    """
+    cap = ACTIVE_CAP.get()
+    if cap is None or ssl is None or sock is None:
+        return await asyncio.start_server(callback, host, port, sock=sock, ssl=ssl,
+                                          ssl_handshake_timeout=ssl_handshake_timeout, **kwargs)
+    return CappedListener(sock, cap, callback, ssl, ssl_handshake_timeout)
+
+
+class HypercornAsyncio:
+    """The ``asyncio`` module as hypercorn's worker sees it: all of it, except that
+    ``start_server`` is ``capped_start_server`` (``transport.install_hypercorn_patches``)."""
+
+    start_server = staticmethod(capped_start_server)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+
+FD_RESERVE = 256  # descriptors kept for listeners, workers, Redis, logs and files
+
+
+def fit_file_limit(limit: int) -> int:
+    """Raise this process's open-file limit to hold ``limit`` connections if the hard
+    limit allows; return the cap that fits (lower than ``limit`` if it does not).
+
+    Without this the soft limit (often 1024) would fail accepts long before the cap.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = limit + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError) as error:
+            log.warning("cannot raise the open-file limit to %d: %s", raised, error)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return limit
+    fitted = max(1, soft - FD_RESERVE)
+    log.warning("--max-connections %d lowered to %d: the open-file limit is %d (ulimit -n)",
+                limit, fitted, soft)
+    return fitted
