@@ -49,12 +49,13 @@ Contract:
   policy invalidates its entries everywhere at once.
 - Latency: an exact hit is a dict lookup (plus one Redis GET, bounded by
   ``redis_timeout_ms``, when local memory misses). A semantic lookup embeds
-  the last user message (one model call on a thread, batched with concurrent
-  ones) only when its namespace holds entries; otherwise it costs nothing.
+  the last user message (one model call in the embedder, batched with
+  concurrent ones) only when its namespace holds entries; otherwise it costs nothing.
 - ``apply_policy(policy)``: new thresholds, TTLs and bounds for later requests.
-- ``run`` (supervised): loads the embedding model on a thread and follows the
-  semantic stream in Redis; it reports started once the semantic index is
-  rebuilt (or Redis is found down), while the model may still be loading —
+- ``run`` (supervised): starts the embedder (by default ``SidecarEmbedder``:
+  the model in a child process) and follows the semantic stream in Redis; it
+  reports started once the semantic index is rebuilt (or Redis is found
+  down), while the model may still be loading —
   until it has, semantic lookups are misses. ``ready()`` waits for the model.
 - ``stats()``: counters for metrics (hits by kind, misses, Redis faults, guard
   rejections by reason, evictions).
@@ -74,7 +75,8 @@ import numpy as np
 from anyio.abc import TaskStatus
 from redis.asyncio import Redis
 
-from gateway.cache.embedder import Embedder, MiniLmEmbedder
+from gateway.cache.embed_sidecar import SidecarEmbedder
+from gateway.cache.embedder import Embedder
 from gateway.cache.entry import (
     CacheEntry,
     EntryBuilder,
@@ -138,7 +140,9 @@ class ResponseCache:
                             settings.exact.max_bytes)
         self.remote = RedisStore(self.redis, settings.exact.ttl_s) if self.redis else None
         self.exact = TieredStore(local, self.remote, self.guard)
-        self.embedder = embedder if embedder is not None else MiniLmEmbedder()
+        # MiniLM runs in a sidecar process so that torch never loads into the
+        # gateway's (docs/architecture.md); MiniLmEmbedder runs it in-process.
+        self.embedder = embedder if embedder is not None else SidecarEmbedder()
         semantic = settings.semantic
         index = SemanticIndex(self.embedder.dim,
                               max_entries_per_namespace=semantic.max_entries_per_namespace,

@@ -1,0 +1,197 @@
+"""The embedding sidecar: all-MiniLM-L6-v2 in its own process, served on a Unix socket.
+
+    python -m gateway.cache.embed_server --socket PATH [--threads N]
+
+The gateway (``gateway.cache.embed_sidecar.SidecarEmbedder``) starts this so
+that torch and sentence-transformers never load into its event-loop process:
+with them loaded, every idle connection cost the gateway several times more
+memory, and encoding competed with the event loop for the GIL.
+
+Startup: load the model with ``load_minilm``, encode once to pay lazy
+initialisation, bind the socket, then write ``ready <dim>`` on stdout (the
+only thing written there; anything a library prints goes to stderr). Frames
+are those of ``gateway.cache.embed_wire``. Requests from every connection
+join one bounded queue; while one batch encodes on a thread the next one
+gathers, so batches grow exactly when load does (as in ``MiniLmEmbedder``).
+
+The server lives only as long as its parent: it exits when stdin reaches EOF
+(the parent's end of the pipe closes when the parent dies, however it dies)
+and asks the kernel for SIGKILL when the parent exits (PR_SET_PDEATHSIG).
+It ignores SIGINT: a Ctrl-C in the gateway's terminal is the gateway's to
+handle, and the gateway stops this process when it shuts down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import SocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from gateway.cache.embed_wire import (
+    EXIT_NO_MODEL,
+    READY_LINE,
+    EmbedRequest,
+    ProtocolError,
+    failure_frame,
+    read_request,
+    vector_frame,
+)
+from gateway.cache.embedder import DIM, MAX_BATCH, MAX_PENDING, encode, load_minilm
+
+log = logging.getLogger("hedgerow.embed-server")
+
+PR_SET_PDEATHSIG = 1
+_CONNECTION_GONE = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
+                    anyio.ClosedResourceError, ProtocolError, OSError)
+
+
+class _Connection:
+    """One client connection's write side; a lock keeps frames whole."""
+
+    def __init__(self, stream: SocketStream) -> None:
+        self.stream = stream
+        self.lock = anyio.Lock()
+
+    async def send(self, data: bytes) -> None:
+        try:
+            async with self.lock:
+                await self.stream.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass  # the client went away; its requests need no answer
+
+
+@dataclass(frozen=True)
+class _Job:
+    request: EmbedRequest
+    reply_to: _Connection
+
+
+class EmbedServer:
+    def __init__(self, model: Any, *, max_batch: int = MAX_BATCH,
+                 max_queued: int = MAX_PENDING) -> None:
+        self.model = model
+        self.max_batch = max_batch
+        self._send, self._receive = anyio.create_memory_object_stream[_Job](max_queued)
+        self.batches = 0
+
+    async def handle(self, stream: SocketStream) -> None:
+        """Read one connection's requests into the shared queue until it closes."""
+        connection = _Connection(stream)
+        frames = BufferedByteReceiveStream(stream)
+        async with stream:
+            try:
+                while True:
+                    request = await read_request(frames)
+                    try:
+                        self._send.send_nowait(_Job(request, connection))
+                    except anyio.WouldBlock:
+                        await connection.send(failure_frame(request.request_id, "queue full"))
+            except _CONNECTION_GONE as error:
+                log.debug("connection closed: %r", error)
+
+    async def serve_batches(self) -> None:
+        while True:
+            batch = [await self._receive.receive()]
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except anyio.WouldBlock:
+                    break
+            await self._answer(batch)
+
+    async def _answer(self, batch: list[_Job]) -> None:
+        texts = [job.request.text for job in batch]
+        replies: dict[_Connection, list[bytes]] = defaultdict(list)
+        try:
+            vectors = await anyio.to_thread.run_sync(encode, self.model, texts)
+        except (RuntimeError, ValueError) as error:  # a model failure fails this batch only
+            log.warning("embedding a batch of %d failed: %s", len(batch), error)
+            for job in batch:
+                replies[job.reply_to].append(failure_frame(job.request.request_id, str(error)))
+        else:
+            for row, job in enumerate(batch):
+                replies[job.reply_to].append(
+                    vector_frame(job.request.request_id, vectors[row], len(batch)))
+        self.batches += 1
+        for connection, frames in replies.items():
+            await connection.send(b"".join(frames))
+
+
+async def serve(model: Any, socket_path: Path, ready_fd: int) -> None:
+    """Bind, say ready, serve until killed."""
+    server = EmbedServer(model)
+    if socket_path.is_socket():
+        socket_path.unlink()  # left by a predecessor that was killed
+    listener = await anyio.create_unix_listener(socket_path)
+    os.chmod(socket_path, 0o600)
+    with os.fdopen(ready_fd, "wb") as ready:
+        ready.write(READY_LINE + f" {DIM}\n".encode())
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(server.serve_batches)
+        await listener.serve(server.handle)
+
+
+def _die_with_parent() -> None:
+    """Exit when the parent does: SIGKILL from the kernel, and EOF on stdin."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: stdin EOF still ends this process
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(0)
+
+    def wait_for_eof() -> None:
+        # os.read, not sys.stdin: a daemon thread blocked inside a buffered
+        # reader makes interpreter shutdown abort.
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass  # no stdin at all: the same as EOF
+        os._exit(0)  # the parent closed its end or died: no orphan stays behind
+
+    threading.Thread(target=wait_for_eof, name="parent-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.cache.embed_server")
+    parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    ready_fd = os.dup(1)
+    os.dup2(2, 1)  # stdout carries only the ready line
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no bars in the gateway's log
+    started = time.monotonic()
+    try:
+        model = load_minilm(args.threads)
+        encode(model, ["warm up"])  # pay lazy initialisation before saying ready
+    except (ImportError, OSError) as error:
+        log.error("cannot load the embedding model: %s", error)
+        return EXIT_NO_MODEL
+    log.info("embedding model loaded in %.1fs (pid %d, %d thread(s))",
+             time.monotonic() - started, os.getpid(), args.threads)
+    anyio.run(serve, model, args.socket, ready_fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
