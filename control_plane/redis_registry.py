@@ -15,8 +15,10 @@ shared version moved, whichever replica moved it. When Redis is unreachable
 it keeps serving the last snapshot it saw, refuses writes with 503, logs one
 line per outage and carries on when Redis is back. If Redis restarted empty,
 the version counter is lifted back above what this replica last published, so
-gateways' watch streams keep seeing increasing versions; workers re-register
-on their next heartbeat's 404.
+gateways' watch streams keep seeing increasing versions, and the workers this
+replica last published are put back on fresh leases, so gateways never see an
+empty fleet in between (a worker that missed that still re-registers on its
+next heartbeat's 404).
 """
 
 from __future__ import annotations
@@ -128,12 +130,13 @@ class RedisRegistry:
     def _lease_ms(self) -> int:
         return max(1, round(self.lease_s * 1000))
 
-    async def register(self, registration: WorkerRegistration) -> int:
-        """Add or replace a worker (load reset, lease renewed); the new version."""
+    async def register(self, registration: WorkerRegistration,
+                       load: WorkerLoad | None = None) -> int:
+        """Add or replace a worker (load reset unless given, lease renewed); the new version."""
         version = int(await self._register(
             keys=[self._members, self._version],
             args=[self.prefix, registration.worker_id, registration.model_dump_json(),
-                  WorkerLoad().model_dump_json(), self._lease_ms, self.max_workers]))
+                  (load or WorkerLoad()).model_dump_json(), self._lease_ms, self.max_workers]))
         if version < 0:
             raise OverflowError(f"registry is full ({self.max_workers} workers)")
         return version
@@ -227,7 +230,8 @@ class RedisRegistryActor(Actor):
 
     async def on_tick(self) -> None:
         try:
-            await self.registry.ensure_version_at_least(self.published.version)
+            if await self.registry.ensure_version_at_least(self.published.version):
+                await self._reseed()
             dead = await self.registry.expire()
             await self._refresh()
         except RedisError as error:
@@ -238,6 +242,17 @@ class RedisRegistryActor(Actor):
             self.metrics.expiries.inc(len(dead))
         for worker_id in dead:
             log.warning("worker %s missed its heartbeats; lease expired", worker_id)
+
+    async def _reseed(self) -> None:
+        """Redis came back without the registry: put back the workers this replica
+        last published, each on a fresh lease. Until their next heartbeat (which
+        then simply renews it) gateways would otherwise see no worker at all; one
+        that really died meanwhile expires with its lease as usual."""
+        workers = self.published.value.workers
+        for record in workers:
+            await self.registry.register(record.registration, record.load)
+        log.warning("registry: redis lost its state; re-seeded %d worker(s) this replica "
+                    "knew", len(workers))
 
     async def _snapshot_or_last(self) -> RegistrySnapshot:
         try:

@@ -119,8 +119,14 @@ async def test_an_outage_serves_the_last_state_and_a_restart_is_reseeded(
     with pytest.raises(SharedStateUnavailable):
         await b.registry.ask(Register(WORKER))
 
+    version_before = b.workers.version
     redis_server.start()  # empty: no persistence
-    await eventually(lambda: b.workers.value.workers == (), timeout=5)
+    # The replicas put back the worker they last published, on a fresh lease,
+    # so watchers never see an empty fleet; nothing heartbeats it here, so it
+    # then expires with that lease (5 s) as any silent worker does.
+    await eventually(lambda: b.workers.version > version_before, timeout=5)
+    assert [w.registration.worker_id for w in b.workers.value.workers] == ["w1"]
+    await eventually(lambda: b.workers.value.workers == (), timeout=10)
     assert b.workers.version > 1  # versions never go backwards for watchers
     applied = await b.policy.ask(ApplyPolicy(doc(500), "after.yaml"))
     assert applied.version.version == 3  # v2 was re-seeded, so the count goes on
