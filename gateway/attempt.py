@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import httpx
 import orjson
 
-from gateway.upstream import WorkerClient
+from gateway.upstream import WorkerClient, WorkerResponse
 from hedgerow.errors import HedgerowError, UpstreamFailed
 from hedgerow.sse import SseEvent, SseOverflow, SseParser
 from hedgerow.wire import WorkerRecord
@@ -55,7 +54,7 @@ class Attempt:
 
     worker: WorkerRecord
     hedged: bool
-    response: httpx.Response
+    response: WorkerResponse
     events: AsyncIterator[SseEvent]
     first: list[SseEvent] = field(default_factory=list)
     ttft_s: float = 0.0
@@ -110,7 +109,7 @@ def external_request(worker: WorkerRecord, call: UpstreamCall) -> tuple[bytes, d
     return body, {"authorization": f"Bearer {key}"}
 
 
-async def upstream_events(worker_id: str, response: httpx.Response) -> AsyncIterator[SseEvent]:
+async def upstream_events(worker_id: str, response: WorkerResponse) -> AsyncIterator[SseEvent]:
     parser = SseParser()
     async with aclosing(WorkerClient.chunks(worker_id, response)) as chunks:
         async for data in chunks:
@@ -146,9 +145,9 @@ async def _open_until_first_token(
     body, headers = external_request(worker, call)
     response = await workers.open_stream(worker_id, url, body, call.request_id, headers)
     try:
-        if response.status_code != 200:
-            body = await WorkerClient.read_all(worker_id, response)
-            raise WorkerRejected(response.status_code, body[:MAX_REJECTION_BYTES],
+        if response.status != 200:
+            body = await WorkerClient.read_all(worker_id, response, MAX_REJECTION_BYTES)
+            raise WorkerRejected(response.status, body,
                                  response.headers.get("content-type", "application/json"))
         attempt = Attempt(worker, hedged, response, upstream_events(worker_id, response))
         async for event in attempt.events:

@@ -5,73 +5,103 @@ read, so tokens can be relayed as they arrive. Transport failures and 5xx
 answers become ``UpstreamFailed`` (retryable on another worker, since nothing
 reached the client yet); a worker's 4xx is the client's own mistake and is
 passed through unchanged.
+
+The transport is ``gateway.worker_http.HttpPool`` (a lean HTTP/1.1 client: this
+is the gateway's hot path) or its in-memory twin ``gateway.worker_mock.MockTransport``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Protocol
 
-import httpx
-
+from gateway.http1 import HttpError, HttpTimeout, ProtocolError
+from gateway.worker_http import HttpPool, PoolLimits
 from hedgerow.errors import UpstreamFailed
 from policies.schema import Timeouts
 
 CONNECT_TIMEOUT_S = 2.0
 IDLE_TIMEOUT_S = 60.0
-MAX_CONNECTIONS = 1024
+WRITE_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 1024  # per worker
+MAX_IDLE_CONNECTIONS = 256  # per worker: enough for a busy worker's slots
+MAX_BODY_BYTES = 1024 * 1024  # read_all's default cap
+
+
+class WorkerResponse(Protocol):
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...  # lowercase names
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    async def read_all(self, limit: int) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class WorkerTransport(Protocol):
+    async def request(self, method: str, url: str, headers: dict[str, str],
+                      body: bytes) -> WorkerResponse: ...
+
+    async def aclose(self) -> None: ...
 
 
 @contextmanager
 def map_upstream_errors(worker_id: str) -> Iterator[None]:
     try:
         yield
-    except httpx.TimeoutException as error:
+    except HttpTimeout as error:
         raise UpstreamFailed(f"worker {worker_id} timed out: {type(error).__name__}",
                              code="upstream_timeout") from error
-    except httpx.TransportError as error:
-        raise UpstreamFailed(f"worker {worker_id} unreachable: {type(error).__name__}",
+    except ProtocolError as error:
+        raise UpstreamFailed(f"worker {worker_id} sent a malformed response: {error}",
+                             code="upstream_malformed") from error
+    except HttpError as error:
+        raise UpstreamFailed(f"worker {worker_id} unreachable: {type(error).__name__}: {error}",
                              code="upstream_unreachable") from error
 
 
 class WorkerClient:
-    def __init__(
-        self, timeouts: Timeouts | None = None, transport: httpx.AsyncBaseTransport | None = None
-    ) -> None:
-        """``transport``: an in-memory twin (``httpx.MockTransport``) for fast tests."""
+    def __init__(self, timeouts: Timeouts | None = None,
+                 transport: WorkerTransport | None = None) -> None:
+        """``transport``: an in-memory twin (``gateway.worker_mock.MockTransport``) for tests."""
         connect_s = timeouts.connect_ms / 1000 if timeouts else CONNECT_TIMEOUT_S
-        # httpx's read timeout bounds each read: the idle gap between tokens.
+        # Bounds each read: the idle gap between tokens (and the wait for the head).
         idle_s = timeouts.idle_ms / 1000 if timeouts else IDLE_TIMEOUT_S
-        timeout = httpx.Timeout(connect=connect_s, read=idle_s, write=10.0, pool=connect_s)
-        limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=64)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        limits = PoolLimits(connect_s=connect_s, idle_s=idle_s, write_s=WRITE_TIMEOUT_S,
+                            max_connections=MAX_CONNECTIONS, max_idle=MAX_IDLE_CONNECTIONS)
+        self._transport: WorkerTransport = transport or HttpPool(limits)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._transport.aclose()
 
     async def open_stream(
         self, worker_id: str, url: str, body: bytes, request_id: str,
         extra_headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
+    ) -> WorkerResponse:
         headers = {"content-type": "application/json", "x-request-id": request_id,
                    **(extra_headers or {})}
-        request = self._client.build_request("POST", url, content=body, headers=headers)
         with map_upstream_errors(worker_id):
-            response = await self._client.send(request, stream=True)
-        if response.status_code >= 500:
+            response = await self._transport.request("POST", url, headers, body)
+        if response.status >= 500:
             await response.aclose()
             raise UpstreamFailed(
-                f"worker {worker_id} answered {response.status_code}", code="upstream_error"
+                f"worker {worker_id} answered {response.status}", code="upstream_error"
             )
         return response
 
     @staticmethod
-    async def chunks(worker_id: str, response: httpx.Response) -> AsyncIterator[bytes]:
+    async def chunks(worker_id: str, response: WorkerResponse) -> AsyncGenerator[bytes, None]:
         with map_upstream_errors(worker_id):
-            async for data in response.aiter_raw():
+            async for data in response.chunks():
                 yield data
 
     @staticmethod
-    async def read_all(worker_id: str, response: httpx.Response) -> bytes:
+    async def read_all(worker_id: str, response: WorkerResponse,
+                       limit: int = MAX_BODY_BYTES) -> bytes:
         with map_upstream_errors(worker_id):
-            return await response.aread()
+            return await response.read_all(limit)

@@ -1,8 +1,8 @@
 """Tail control through the real scheduler actor and dispatcher, against in-memory workers.
 
 A real ``Supervisor`` runs a real ``SchedulerActor`` over a registry of fake
-workers; a real ``Dispatcher`` talks to them through ``WorkerClient`` with an
-``httpx.MockTransport`` twin (``tests.support.fake_workers``) that streams
+workers; a real ``Dispatcher`` talks to them through ``WorkerClient`` with a
+``gateway.worker_mock.MockTransport`` twin (``tests.support.fake_workers``) that streams
 OpenAI chunks with controlled delays and failures and records what reached
 each worker. ``Rig.serve`` does what the gateway app does for a streaming
 request (submit, first token, relay, report, ticket done), so each test

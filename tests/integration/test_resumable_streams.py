@@ -2,7 +2,7 @@
 
 The ``GatewayApp`` is called as an ASGI app by in-memory clients that can hang
 up or read slowly; the scheduler and dispatcher are real, the workers are the
-``httpx.MockTransport`` twins of ``tests.support.fake_workers``, which record
+``MockTransport`` twins of ``tests.support.fake_workers``, which record
 every generation and whether the gateway hung up on it. So each test checks
 what a client sees (event ids, the text, error events, statuses) and what the
 worker did (generated once, stopped or not).

@@ -1,4 +1,4 @@
-"""In-memory workers behind an ``httpx.MockTransport``: the gateway's upstream twin.
+"""In-memory workers behind a ``gateway.worker_mock.MockTransport``: the upstream twin.
 
 Each fake worker answers ``POST .../v1/chat/completions`` the way a real one
 streams (role chunk, content chunks, finish chunk, usage chunk, ``[DONE]``),
@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import httpx
 import orjson
 
+from gateway.http1 import ConnectFailed, ConnectionBroken
+from gateway.worker_mock import MockReply, MockTransport, WorkerRequest
 from hedgerow import openai_api as oa
 from hedgerow.asgi import SSE_DONE, sse_event
 from hedgerow.wire import WorkerKind, WorkerLoad, WorkerRecord, WorkerRegistration
@@ -34,9 +35,9 @@ class Behaviour:
     first_token_after_s: float = 0.0  # after the role chunk, before the first content chunk
     token_gap_s: float = 0.0
     tokens: tuple[str, ...] = ("Hello", ",", " world")
-    refuse_connection: bool = False  # the handler raises httpx.ConnectError
+    refuse_connection: bool = False  # the handler raises ConnectFailed
     status: int = 200  # 4xx: an OpenAI error body; 5xx: a server error
-    break_after_tokens: int | None = None  # httpx.ReadError after this many content chunks
+    break_after_tokens: int | None = None  # ConnectionBroken after this many content chunks
     end_after_tokens: int | None = None  # a clean end (no finish, no [DONE]) after this many
     garbage_after_tokens: int | None = None  # ``garbage`` after this many content chunks
     garbage: bytes = b"data: \xff\xfe\n\n"  # default: an event that is not UTF-8
@@ -65,7 +66,7 @@ def record(worker_id: str, *, model: str, slots: int = 4, kind: WorkerKind = "cp
                         lease_expires_in_s=30.0)
 
 
-class TokenStream(httpx.AsyncByteStream):
+class TokenStream:
     """One response body, produced as slowly and as brokenly as the behaviour says."""
 
     def __init__(self, call: WorkerCall, behaviour: Behaviour, model: str) -> None:
@@ -83,7 +84,7 @@ class TokenStream(httpx.AsyncByteStream):
             if index:
                 await anyio.sleep(b.token_gap_s)
             if index == b.break_after_tokens:
-                raise httpx.ReadError("connection reset by worker")
+                raise ConnectionBroken("connection reset by worker")
             if index == b.end_after_tokens:
                 return
             if index == b.garbage_after_tokens:
@@ -105,8 +106,8 @@ class FakeWorkers:
     behaviours: dict[str, Behaviour]
     calls: list[WorkerCall] = field(default_factory=list)
 
-    def transport(self) -> httpx.MockTransport:
-        return httpx.MockTransport(self.handle)
+    def transport(self) -> MockTransport:
+        return MockTransport(self.handle)
 
     def calls_to(self, worker_id: str) -> list[WorkerCall]:
         return [c for c in self.calls if c.worker_id == worker_id]
@@ -114,14 +115,14 @@ class FakeWorkers:
     def calls_for(self, request_id: str) -> list[WorkerCall]:
         return [c for c in self.calls if c.request_id == request_id]
 
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        worker_id = request.url.host.split(".")[0]
-        body = orjson.loads(request.content)
+    async def handle(self, request: WorkerRequest) -> MockReply:
+        worker_id = request.host.split(".")[0]
+        body = orjson.loads(request.body)
         call = WorkerCall(worker_id, request.headers["x-request-id"], body, anyio.current_time())
         self.calls.append(call)
         behaviour = self.behaviours[worker_id]
         if behaviour.refuse_connection:
-            raise httpx.ConnectError("connection refused", request=request)
+            raise ConnectFailed("connection refused")
         try:
             await anyio.sleep(behaviour.headers_after_s)
         except anyio.get_cancelled_exc_class():
@@ -130,14 +131,13 @@ class FakeWorkers:
         if behaviour.status != 200:
             return _error_response(behaviour.status)
         headers = {"content-type": "text/event-stream", "x-request-id": call.request_id}
-        return httpx.Response(200, headers=headers,
-                              stream=TokenStream(call, behaviour, body["model"]))
+        return MockReply(200, headers, TokenStream(call, behaviour, body["model"]))
 
 
-def _error_response(status: int) -> httpx.Response:
+def _error_response(status: int) -> MockReply:
     if status >= 500:
-        return httpx.Response(status, text="internal error")
+        return MockReply(status, {"content-type": "text/plain"}, b"internal error")
     envelope = {"error": {"message": "max_tokens is too large for this model",
                           "type": "invalid_request_error", "param": "max_tokens",
                           "code": "invalid_value"}}
-    return httpx.Response(status, json=envelope)
+    return MockReply(status, {"content-type": "application/json"}, orjson.dumps(envelope))
