@@ -50,6 +50,7 @@ from hypercorn.utils import wrap_app
 from gateway.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
 from gateway.h2_guard import install_h2_guard
 from gateway.write_coalescing import install_write_coalescing
+from hedgerow.hypercorn_eof import install_eof_fix
 from gateway.quic_tickets import QuicTicketStore
 
 __all__ = [
@@ -333,7 +334,7 @@ def _with_alt_svc(config: Config, listeners: Listeners) -> Config:
 
 
 def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
-    """Fill five gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
+    """Fill six gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
 
     1. ``hypercorn/protocol/quic.py`` builds ``QuicConnection(configuration=...,
        original_destination_connection_id=...)`` without aioquic's
@@ -352,9 +353,12 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
        applies the ``ConnectionCap`` given to ``serve`` (none given: unchanged).
     5. Every frame was its own TLS record and syscall: a connection's writes
        now leave once per loop pass (``gateway.write_coalescing``).
+    6. A connection the client closed waited out its keep-alive timer
+       (``hedgerow.hypercorn_eof``).
     """
     install_h2_guard()
     install_write_coalescing()
+    install_eof_fix()
     hooks = tickets.hooks()
     hypercorn.protocol.quic.QuicConnection = functools.partial(  # type: ignore[misc]
         aioquic.quic.connection.QuicConnection,

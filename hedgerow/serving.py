@@ -17,6 +17,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from hedgerow.asgi import Receive, Scope, Send
+from hedgerow.hypercorn_eof import install_eof_fix
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -51,6 +52,7 @@ async def serve_internal(
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown`` is set; report the bound port on start."""
+    install_eof_fix()
     sock = bind_tcp(host, port)
     bound_port = int(sock.getsockname()[1])
     config = internal_config(sock)
