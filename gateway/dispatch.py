@@ -7,8 +7,9 @@ ceiling) and the hedge budget allows, the same request starts on a second
 worker; the first attempt to produce a token wins and the other is cancelled,
 which closes its connection and stops its worker. An attempt that fails before
 its first token is retried on another worker (``retries.before_first_token``
-times), invisibly to the client. Every attempt reports exactly one
-``AttemptDone`` to the scheduler.
+times), invisibly to the client; when no other worker is free, the request
+waits in its queue again, as it did for its first worker (shed at its
+deadline). Every attempt reports exactly one ``AttemptDone`` to the scheduler.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gateway.tickets import (
     FirstToken,
     HedgeDelay,
     Outcome,
+    Requeued,
     Reroute,
     Ticket,
     Withdraw,
@@ -169,8 +171,8 @@ class Dispatcher:
     async def _hedge(self, tg: TaskGroup, race: _Race,
                      send: Sender[AttemptResult]) -> None:
         race.hedged = True
-        worker = await self.scheduler.ask(Reroute(race.ticket, tuple(race.tried), hedge=True))
-        if worker is not None:
+        worker = await self._reroute(race, hedge=True)
+        if isinstance(worker, WorkerRecord):  # a hedge is never queued
             log.info("request %s: hedging on %s", race.ticket.request_id,
                      worker.registration.worker_id)
             race.tried.append(worker.registration.worker_id)
@@ -180,13 +182,33 @@ class Dispatcher:
                      send: Sender[AttemptResult]) -> None:
         if race.retries >= self._policy(race.ticket).retries.before_first_token:
             return
-        worker = await self.scheduler.ask(Reroute(race.ticket, tuple(race.tried), hedge=False))
+        placed = await self._reroute(race, hedge=False)
+        if placed is None:
+            return
+        race.retries += 1
+        worker = await self._requeued_worker(race) if isinstance(placed, Requeued) else placed
         if worker is not None:
             log.info("request %s: retrying on %s", race.ticket.request_id,
                      worker.registration.worker_id)
-            race.retries += 1
             race.tried.append(worker.registration.worker_id)
             self._launch(tg, race, worker, send, hedged=False)
+
+    async def _reroute(self, race: _Race, *, hedge: bool) -> WorkerRecord | Requeued | None:
+        # Shielded: a slot taken, or a ticket queued, for an answer nobody reads would leak.
+        # A worker is launched (and at once abandoned), a queued wait withdrawn.
+        with anyio.CancelScope(shield=True):
+            placed: WorkerRecord | Requeued | None = await self.scheduler.ask(
+                Reroute(race.ticket, tuple(race.tried), hedge=hedge))
+        return placed
+
+    async def _requeued_worker(self, race: _Race) -> WorkerRecord | None:
+        """Wait in the queue for the retry's worker; None when the queue sheds it."""
+        log.info("request %s: no free worker for a retry, queued", race.ticket.request_id)
+        try:
+            return await self.assigned_worker(race.ticket)
+        except NoHealthyWorker as shed:  # deadline_exceeded: the client gets the queue's 503
+            race.errors.append(shed)
+            return None
 
     async def _close_losers(self, leftovers: list[AttemptResult]) -> None:
         for result in leftovers:
@@ -213,5 +235,7 @@ def _final_error(errors: list[HedgerowError]) -> HedgerowError:
     for error in errors:
         if isinstance(error, WorkerRejected):
             return error
+    if errors and isinstance(errors[-1], NoHealthyWorker):  # shed while queued for a retry
+        return errors[-1]
     detail = errors[-1].message if errors else "no worker could be reached"
     return NoHealthyWorker(f"no worker could serve the request: {detail}", retry_after=1)

@@ -6,9 +6,11 @@ at once and touches no worker), then wait on the ticket until the scheduler
 assigns a worker slot or sheds it. Every attempt on a worker, the primary, a
 retry or a hedge, ends with exactly one ``AttemptDone`` (success, failure or
 abandoned), which frees the slot, feeds the worker's breaker and dispatches
-the next queued ticket. The decisions themselves are the sans-IO policies in
-``policies/``; this module only feeds them events and carries out their
-answers.
+the next queued ticket. A retry that finds no free worker goes back into the
+queue with its due time and deadline, and is next assigned to a worker it has
+not tried (``policies.scoring.retry_exclusions``). The decisions themselves
+are the sans-IO policies in ``policies/``; this module only feeds them events
+and carries out their answers.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.tickets import (
+    REQUEUED,
     AttemptDone,
     FirstToken,
     HedgeDelay,
     Reconfigure,
+    Requeued,
     Reroute,
     Stats,
     Submit,
@@ -43,7 +47,7 @@ from policies.hedging import HedgeBudget, QuantileSketch, hedge_delay
 from policies.locality import HedgeRoom, LocalityRouter, RouteContext
 from policies.routing import Candidate
 from policies.schema import Policy
-from policies.scoring import score_workers
+from policies.scoring import retry_exclusions, score_workers
 
 log = logging.getLogger("hedgerow.gateway.scheduler")
 
@@ -215,31 +219,91 @@ class SchedulerActor(Actor):
 
     def _dispatch(self, model: str, now: float) -> None:
         queue = self._queue(model)
+        passed_over: list[Ticket] = []
         while len(queue) and self._has_free_slot(model, now):
             ticket = queue.pop(now)
             if ticket is None:
-                return
+                break
             ticket.handle = None
-            worker = self._pick(ticket, (), now, may_hold=True)
-            if worker is None:  # its route forbids the pool that has room, or it waits for its PoP
-                ticket.handle = self._push(queue, ticket, now)
-                return
+            worker = self._pick_queued(ticket, now)
+            if worker is not None:
+                self._assign(ticket, worker, now)
+                continue
+            passed_over.append(ticket)
+            # A first dispatch held back (its route forbids the pool that has room, or
+            # it waits for its PoP) keeps the head; a retry that may not use the free
+            # workers (it failed there) lets the tickets behind it have them.
+            if not ticket.tried:
+                break
+        for ticket in passed_over:
+            self._put_back(queue, ticket, now)
+
+    def _pick_queued(self, ticket: Ticket, now: float) -> WorkerRecord | None:
+        if not ticket.tried:
+            return self._pick(ticket, (), now, may_hold=True)
+        return self._pick(ticket, self._retry_exclusions(ticket.model, ticket.tried, now), now)
+
+    def _assign(self, ticket: Ticket, worker: WorkerRecord, now: float) -> None:
+        if ticket.assigned_at is None:  # a retry's wait is not queue wait
             ticket.assigned_at = now
-            ticket.assignment.give(worker)
+        ticket.assignment.give(worker)
+
+    def _put_back(self, queue: EdfQueue[Ticket], ticket: Ticket, now: float) -> None:
+        ticket.handle = self._push(queue, ticket, now)
+        if ticket.handle is None:  # a new policy shrank the queue meanwhile
+            self._count("shed_queue_full")
+            self._finish_refused(ticket, now, NoHealthyWorker(
+                "the queue for this model is full", code="queue_full", retry_after=1))
 
     def _reroute(self, ticket: Ticket, exclude: tuple[str, ...], hedge: bool,
-                 now: float) -> WorkerRecord | None:
-        if hedge and self.hedge_budget.level + HEDGE_LEVEL_EPSILON < 1.0:
+                 now: float) -> WorkerRecord | Requeued | None:
+        if not hedge:
+            return self._retry(ticket, exclude, now)
+        if self.hedge_budget.level + HEDGE_LEVEL_EPSILON < 1.0:
             self._count("hedge_budget_exhausted")
             return None
-        worker = self._pick(ticket, exclude, now, hedge=hedge)
+        worker = self._pick(ticket, exclude, now, hedge=True)
         if worker is None:
             self._count("reroute_no_worker")
             return None
-        if hedge:
-            self.hedge_budget.try_spend()
-        self._count("hedges_started" if hedge else "retries")
+        self.hedge_budget.try_spend()
+        self._count("hedges_started")
         return worker
+
+    def _retry(self, ticket: Ticket, tried: tuple[str, ...],
+               now: float) -> WorkerRecord | Requeued | None:
+        """A free worker for a retry now, else the ticket back in its queue to wait for
+        one; None when no healthy worker it may use is left to wait for."""
+        exclude = self._retry_exclusions(ticket.model, tried, now)
+        worker = self._pick(ticket, exclude, now)
+        if worker is not None:
+            self._count("retries")
+            return worker
+        if not set(self._healthy(ticket.model, now)) - set(exclude):
+            self._count("reroute_no_worker")
+            return None
+        return self._requeue_for_retry(ticket, tried, now)
+
+    def _requeue_for_retry(self, ticket: Ticket, tried: tuple[str, ...],
+                           now: float) -> Requeued | None:
+        # Same due time and deadline as on arrival: it keeps its place in EDF order
+        # and is shed at its deadline like any queued ticket.
+        ticket.requeue_for_retry(tried)
+        ticket.handle = self._push(self._queue(ticket.model), ticket, now)
+        if ticket.handle is None:
+            self._count("reroute_queue_full")
+            return None
+        self._count("retries")
+        self._count("retries_queued")
+        return REQUEUED
+
+    def _retry_exclusions(self, model: str, tried: tuple[str, ...],
+                          now: float) -> tuple[str, ...]:
+        return retry_exclusions(tried, self._healthy(model, now))
+
+    def _healthy(self, model: str, now: float) -> list[str]:
+        """Workers serving ``model`` that could take work: breaker not open, not draining."""
+        return [wid for wid, (c, _) in self._candidates(model, now).items() if not c.draining]
 
     def _candidates(self, model: str, now: float) -> dict[str, tuple[Candidate, WorkerRecord]]:
         out: dict[str, tuple[Candidate, WorkerRecord]] = {}

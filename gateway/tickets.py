@@ -75,8 +75,15 @@ class Ticket:
     handle: EdfHandle | None = None
     charged: float = 0.0
     finished: bool = False
-    assigned_at: float | None = None
+    assigned_at: float | None = None  # its first assignment (queue wait ends there)
     upstream_at: float | None = None  # the first attempt's request handed to the HTTP client
+    # Workers its attempts went to, in order, once it waits in the queue for a retry.
+    tried: tuple[str, ...] = ()
+
+    def requeue_for_retry(self, tried: tuple[str, ...]) -> None:
+        """Back to waiting: a fresh one-shot for the retry's worker (the old one is spent)."""
+        self.tried = tried
+        self.assignment = _Assignment()
 
 
 # -- messages ---------------------------------------------------------------
@@ -91,19 +98,31 @@ class Submit:
 
 @dataclass(frozen=True)
 class Withdraw:
-    """Tell: the client left before the ticket's first attempt started
-    (still queued, or assigned a worker it will never use)."""
+    """Tell: the client left while the ticket waited for a worker, for its first
+    attempt or a retry (still queued, or assigned a worker it will never use)."""
 
     ticket: Ticket
 
 
 @dataclass(frozen=True)
 class Reroute:
-    """Ask: a worker for a retry or a hedge right now, or None. Never queues."""
+    """Ask: a worker for a retry or a hedge right now, or None.
+
+    A hedge never queues. A retry with no free worker goes back into its
+    model's queue (reply ``REQUEUED``; wait on ``ticket.assignment`` again)
+    while a healthy worker it may use exists; otherwise None."""
 
     ticket: Ticket
     exclude: tuple[str, ...]
     hedge: bool
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """The reply to a retry's ``Reroute`` that put the ticket back in the queue."""
+
+
+REQUEUED = Requeued()
 
 
 @dataclass(frozen=True)

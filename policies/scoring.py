@@ -20,7 +20,8 @@ answers three questions in order:
    tokens/s, or the pool's mean measured speed when it has not reported one.
 
 Never returned: draining workers, excluded workers (already tried for this
-request) and workers with no free slot (our in-flight >= slots).
+request; ``retry_exclusions`` says which a retry avoids) and workers with no
+free slot (our in-flight >= slots).
 
 Before all three, a request whose class names a quantization tier
 (``RouteRequest.tier``) ranks that tier's workers ahead of the rest, each
@@ -73,6 +74,20 @@ def score_workers(
     for pool in pools:
         ranked.extend(_rank_pool(pool, request.prefix_key, inflight))
     return ranked
+
+
+def retry_exclusions(tried: Sequence[str], healthy: Collection[str]) -> tuple[str, ...]:
+    """The workers a retry must not be given; ``tried`` in attempt order, the last one failed.
+
+    Every tried worker while some healthy worker (breaker not open, not
+    draining) has not been tried, busy or not: the retry waits for it. When
+    only tried workers are healthy, just the last: its failure is why the
+    request retries, so no worker gets the same request twice in a row, while
+    one that failed earlier (its breaker still closed) may have it again.
+    """
+    if not tried or any(w not in tried for w in healthy):
+        return tuple(tried)
+    return (tried[-1],)
 
 
 def affinity_weight(prefix_key: str, worker_id: str) -> int:

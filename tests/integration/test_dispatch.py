@@ -25,6 +25,7 @@ import anyio
 import orjson
 import pytest
 import yaml
+from anyio.abc import TaskGroup
 
 from gateway.attempt import Attempt, UpstreamCall, WorkerRejected
 from gateway.dispatch import Dispatcher
@@ -454,6 +455,82 @@ async def test_retries_stop_at_the_policy_limit(hedge_refused: bool) -> None:
         assert [c.worker_id for c in rig.workers.calls] == ["a", "b"]
         stats = await eventually_idle(rig)
         assert stats["counters"]["retries"] == 1
+
+
+def failing_and_busy(hold: anyio.Event, **policy: Any) -> tuple[
+        Policy, dict[str, Behaviour], list[WorkerRecord]]:
+    """One slot each: ``a`` streams while ``hold`` is unset, ``b`` fails before any token."""
+    return (make_policy(hedging={"enabled": False}, **policy),
+            {"a": Behaviour(hold=hold), "b": Behaviour(status=500)},
+            [record("a", model=MODEL, slots=1), record("b", model=MODEL, slots=1)])
+
+
+async def busy_then_retried(rig: Rig, tg: TaskGroup, results: dict[str, Served],
+                            retried: Ticket) -> None:
+    """A stream keeps ``a`` busy; ``retried`` fails on ``b`` and waits in the queue."""
+    tg.start_soon(rig.serve_into, results, rig.ticket())
+    await wait_until(lambda: len(rig.workers.calls_to("a")) == 1)
+    tg.start_soon(rig.serve_into, results, retried)
+    await wait_until(lambda: len(rig.workers.calls_to("b")) == 1)
+    await queued_becomes(rig, 1)
+
+
+async def test_retry_with_every_other_worker_busy_waits_and_is_served_when_one_frees() -> None:
+    hold = anyio.Event()
+    async with running(*failing_and_busy(hold)) as rig:
+        results: dict[str, Served] = {}
+        retried = rig.ticket()
+        async with anyio.create_task_group() as tg:
+            await busy_then_retried(rig, tg, results, retried)
+            await anyio.sleep(0.2)
+            assert retried.request_id not in results  # waiting, not refused with a 503
+            hold.set()  # the busy stream ends: a is free
+        served = results[retried.request_id]
+        assert_served_fully(served)
+        assert served.worker_id == "a" and served.elapsed >= 0.2
+        assert [c.worker_id for c in rig.workers.calls_for(retried.request_id)] == ["b", "a"]
+        stats = await eventually_idle(rig)
+        assert stats["counters"]["retries"] == 1 and stats["counters"]["retries_queued"] == 1
+        assert stats["queued"][MODEL] == 0
+
+
+async def test_retry_still_queued_at_its_deadline_gets_the_queues_503() -> None:
+    hold = anyio.Event()
+    async with running(*failing_and_busy(hold, scheduling={"slo_admission": False})) as rig:
+        results: dict[str, Served] = {}
+        retried = rig.ticket(deadline_s=0.3)
+        async with anyio.create_task_group() as tg:
+            await busy_then_retried(rig, tg, results, retried)
+            await wait_until(lambda: retried.request_id in results)
+            hold.set()
+        served = results[retried.request_id]
+        assert isinstance(served.error, NoHealthyWorker) and served.sink.sent == []
+        assert (served.error.status, served.error.code) == (503, "deadline_exceeded")
+        assert 0.25 <= served.elapsed <= 0.6
+        assert [c.worker_id for c in rig.workers.calls_for(retried.request_id)] == ["b"]
+        stats = await eventually_idle(rig)
+        assert stats["counters"]["shed_deadline"] == 1 and stats["queued"][MODEL] == 0
+
+
+async def test_client_gone_while_its_retry_is_queued_withdraws_it() -> None:
+    hold = anyio.Event()
+    async with running(*failing_and_busy(hold,
+                                         tenants=tenant_limits(max_concurrency=2))) as rig:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.serve, rig.ticket())
+            await wait_until(lambda: len(rig.workers.calls_to("a")) == 1)
+            gone = rig.ticket()
+            assert await rig.scheduler.ask(Submit(gone)) is None
+            with anyio.move_on_after(0.2):  # fails on b, queued for a, then the client leaves
+                await rig.dispatcher.first_token(gone, rig.call(gone))
+            assert (await rig.stats())["queued"][MODEL] == 0
+            # No TicketDone was sent, yet the tenant's slot is free again.
+            nxt = rig.ticket()
+            assert await rig.scheduler.ask(Submit(nxt)) is None
+            await rig.scheduler.tell(Withdraw(nxt))
+            hold.set()
+        await eventually_idle(rig)
+        assert [c.worker_id for c in rig.workers.calls_for(gone.request_id)] == ["b"]
 
 
 async def test_worker_400_is_passed_through_not_retried() -> None:
