@@ -49,6 +49,7 @@ import orjson
 
 from bench.stack import Stack, free_port, wait_for
 from bench.stats import percentile
+from bench.wrk import wrk_latency
 
 MODEL = "smollm2-135m-instruct"
 MAX_TOKENS = 8
@@ -149,6 +150,24 @@ def _semantic_ready(admin: str) -> bool:
     return bool(httpx.get(admin + "/admin/cache", timeout=5).json()["semantic_ready"])
 
 
+def _c_client_hits(gateway_url: str, admin: str, asked: str, seconds: float,
+                   workdir: Path) -> dict[str, Any]:
+    """The same exact hit, and the HTTPS floor, timed by a C client (wrk); the
+    gateway's own count checks that every request it answered was an exact hit."""
+    def exact_count() -> int:
+        return int(httpx.get(admin + "/admin/cache", timeout=5).json()["exact"])
+
+    before = exact_count()
+    hits = wrk_latency(gateway_url + "/v1/chat/completions", seconds, workdir,
+                       orjson.dumps(chat(asked)))
+    if hits is None:
+        return {"skipped": "wrk is not installed (apt-get install wrk)"}
+    floor = wrk_latency(gateway_url + "/healthz", seconds, workdir)
+    assert floor is not None
+    return {**hits.summary(), "exact_hits_counted_by_gateway": exact_count() - before,
+            "https_floor_p50_ms": floor.p50_ms, "https_floor_p99_ms": floor.p99_ms}
+
+
 def cache(quick: bool, workdir: Path) -> dict[str, Any]:
     from bench.cache_eval import load_pairs, report, score_pairs  # loads MiniLM: only when run
     from gateway.cache.embedder import load_minilm
@@ -211,6 +230,8 @@ def cache(quick: bool, workdir: Path) -> dict[str, Any]:
             exact, exact_bad = _loop(n_hits, exact_hit, "exact")
             result["https_floor_p50_ms"] = _ms(floor, 50)
             result["https_floor_p99_ms"] = _ms(floor, 99)
+            result["exact_hit_c_client"] = _c_client_hits(
+                stack.gateway_url, admin, asked, 3.0 if quick else 8.0, workdir)
             streamed_asked = "Fresh question number 1000?"
             exact_stream = [client.streamed(streamed_asked) for _ in range(n_hits // 2)]
             result["exact_hit_p50_ms"] = _ms(exact, 50)
