@@ -34,7 +34,7 @@ import httpx
 
 from bench.loadgen import OpenLoop, RequestSpec, Target, http_version_from_env, run_load
 from bench.records import LoadResult
-from bench.stack import Proc, Stack, wait_for
+from bench.stack import Proc, Stack, free_port, wait_for
 
 log = logging.getLogger("hedgerow.bench.soak")
 
@@ -50,8 +50,11 @@ WARMUP_FRACTION = 0.25
 # until then by design.
 WARMUP_MIN_S = 75.0
 FLAT_WITHIN = 0.10
-SETTLE_S = 10.0  # longer than the gateway's keep-alive timeout (5 s)
-SETTLE_SAMPLES = 5
+# Longer than the gateway's keep-alive timeout (5 s) and than the TLS shutdown
+# timeout of the event loop (30 s), which a connection whose client vanished
+# mid-close waits out before its tasks end.
+SETTLE_S = 40.0
+SETTLE_SAMPLES = 8
 WORKER_ARGS = ["--backend", "sim", "--slots", "4", "--sim-prefill-ms-per-token", "0.2",
                "--sim-decode-ms-per-token", "4", "--sim-jitter", "0.2"]
 WORKERS = ("soak-0", "soak-1", "soak-2")
@@ -180,7 +183,13 @@ def soak(quick: bool, workdir: Path, duration_s: float | None = None) -> dict[st
         stack.start_control_plane(lease_s=2.0)
         for worker_id in WORKERS:
             stack.start_worker(worker_id, *WORKER_ARGS)
-        gateway = stack.start_gateway("--policy", str(policy))
+        admin = f"http://127.0.0.1:{free_port()}"
+        gateway = stack.start_gateway("--policy", str(policy),
+                                      "--admin-port", admin.rsplit(":", 1)[1])
+        # The embedding sidecar's connection tasks start once its model is
+        # loaded: count the idle tasks after that, not before.
+        wait_for(lambda: httpx.get(admin + "/admin/cache", timeout=5).json()["semantic_ready"],
+                 "the gateway's embedding model", 180)
         return _run(stack, gateway.popen.pid, duration)
     finally:
         stack.stop_all()
@@ -211,8 +220,8 @@ def _run(stack: Stack, pid: int, duration: float) -> dict[str, Any]:
             next_fault += FAULT_EVERY_S
         driver.join(SAMPLE_EVERY_S)
     result = outcome["result"]
-    # Connections the load left open close within the keep-alive timeout; what
-    # is still running after that was leaked.
+    # Connections the load left open close within the keep-alive timeout (or
+    # the TLS shutdown timeout); what is still running after that was leaked.
     tasks_settling = []
     for _ in range(SETTLE_SAMPLES):
         time.sleep(SETTLE_S / SETTLE_SAMPLES)
@@ -251,6 +260,6 @@ def _summary(result: LoadResult, rss: list[tuple[float, float]], duration: float
                    "flat_within_10pct": abs(growth) <= FLAT_WITHIN
                    and (peak_after_warmup - baseline) / baseline <= FLAT_WITHIN,
                    "samples": rss},
-        "asyncio_tasks": {"idle_before": tasks_before, "after_load_every_2s": tasks_after,
+        "asyncio_tasks": {"idle_before": tasks_before, "after_load_every_5s": tasks_after,
                           "leaked": max(0, tasks_after[-1] - tasks_before)},
     }
