@@ -49,7 +49,7 @@ from gateway.cache.embed_wire import (
     read_request,
     vector_frame,
 )
-from gateway.cache.embedder import DIM, MAX_BATCH, MAX_PENDING, encode, load_minilm
+from gateway.cache.embedder import DIM, MAX_BATCH, MAX_PENDING, encode, load_minilm, next_batch
 
 log = logging.getLogger("hedgerow.embed-server")
 
@@ -104,13 +104,7 @@ class EmbedServer:
 
     async def serve_batches(self) -> None:
         while True:
-            batch = [await self._receive.receive()]
-            while len(batch) < self.max_batch:
-                try:
-                    batch.append(self._receive.receive_nowait())
-                except anyio.WouldBlock:
-                    break
-            await self._answer(batch)
+            await self._answer(await next_batch(self._receive, self.max_batch))
 
     async def _answer(self, batch: list[_Job]) -> None:
         texts = [job.request.text for job in batch]

@@ -16,15 +16,17 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import numpy as np
 from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from gateway.cache.onnx_minilm import OnnxMiniLm, load_onnx_minilm
 
 log = logging.getLogger("hedgerow.cache")
+T = TypeVar("T")
 
 DIM = 384
 MAX_BATCH = 32
@@ -83,6 +85,18 @@ def encode(model: Any, texts: Sequence[str]) -> np.ndarray:
     return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
+async def next_batch(receive: MemoryObjectReceiveStream[T], max_batch: int) -> list[T]:
+    """Wait for one item, then take whatever else is already queued, up to
+    ``max_batch``: batches grow exactly when load does."""
+    batch = [await receive.receive()]
+    while len(batch) < max_batch:
+        try:
+            batch.append(receive.receive_nowait())
+        except anyio.WouldBlock:
+            break
+    return batch
+
+
 @dataclass
 class _Pending:
     text: str
@@ -135,13 +149,7 @@ class MiniLmEmbedder:
         task_status.started()
         try:
             while True:
-                batch = [await self._receive.receive()]
-                while len(batch) < self.max_batch:
-                    try:
-                        batch.append(self._receive.receive_nowait())
-                    except anyio.WouldBlock:
-                        break
-                await self._encode(batch)
+                await self._encode(await next_batch(self._receive, self.max_batch))
         finally:
             self.ready = False
 
