@@ -27,8 +27,11 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
 - From ``ResponseCache.stats()`` at scrape time (``watch_cache``):
   ``hedgerow_cache_redis_faults_total{kind}`` (timeout, error, skipped while
   the circuit is open, sync), ``hedgerow_cache_guard_rejections_total{reason}``
-  (semantic matches refused by a guard), ``hedgerow_cache_evictions_total{kind}``
-  and ``hedgerow_cache_entries{kind}`` (this gateway's memory).
+  (semantic matches refused by a guard), ``hedgerow_cache_evictions_total{kind}``,
+  ``hedgerow_cache_entries{kind}`` (this gateway's memory), and the embedder's
+  health: ``hedgerow_cache_embedder_ready``,
+  ``hedgerow_cache_embedder_starts_total`` and
+  ``hedgerow_cache_embeds_failed_total{reason}`` (refused, lost).
 - From ``ConnectionCap.stats()`` at scrape time (``watch_connections``):
   ``hedgerow_connections_open`` (TCP connections open now, TLS handshakes
   included), ``hedgerow_connections_limit`` (``--max-connections``) and
@@ -303,6 +306,24 @@ def cache_families(stats: Mapping[str, Any]) -> list[Metric]:
         _gauge("hedgerow_cache_entries", "Entries in this gateway's memory.", "kind",
                {"exact": stats.get("exact_entries", 0),
                 "semantic": stats.get("semantic_entries", 0)}),
+        *_embedder_families(stats.get("embedder") or {}),
+    ]
+
+
+def _embedder_families(embedder: Mapping[str, int]) -> list[Metric]:
+    if not embedder:
+        return []
+    return [
+        _gauge("hedgerow_cache_embedder_ready", "1 while the semantic cache's embedding "
+               "model (its sidecar process) answers; 0: semantic lookups are misses.", None,
+               {"": embedder.get("ready", 0)}),
+        _counter("hedgerow_cache_embedder_starts_total", "Times the embedding sidecar "
+                 "became ready (more than one: it died and was restarted).", None,
+                 {"": embedder.get("starts", 0)}),
+        _counter("hedgerow_cache_embeds_failed_total", "Embeddings not made (each a "
+                 "semantic miss): refused (not ready, queue full) or lost (the sidecar "
+                 "died while they waited).", "reason",
+                 {"refused": embedder.get("refused", 0), "lost": embedder.get("lost", 0)}),
     ]
 
 

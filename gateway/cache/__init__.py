@@ -297,4 +297,14 @@ class ResponseCache:
             "redis_errors": self.guard.errors,
             "redis_skipped": self.guard.skipped,
             "redis_sync_faults": self.semantic.sync_faults,
+            "embedder": self._embedder_stats(),
         }
+
+    def _embedder_stats(self) -> dict[str, int]:
+        """The embedder's health: its (sidecar) starts, and embeds refused (not
+        ready, queue full) or lost with a dead child; each of those was a miss."""
+        embedder = self.embedder
+        return {"ready": int(bool(getattr(embedder, "ready", True))),
+                "starts": int(getattr(embedder, "starts", 0)),
+                "refused": int(getattr(embedder, "refused", 0)),
+                "lost": int(getattr(embedder, "lost", 0))}

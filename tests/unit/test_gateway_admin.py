@@ -96,6 +96,8 @@ async def test_the_cache_counters_are_on_the_gateway_metrics() -> None:
                for f in text_string_to_metric_families(text) for s in f.samples}
     assert samples[("hedgerow_cache_entries", (("kind", "exact"),))] == 3
     assert samples[("hedgerow_cache_redis_faults_total", (("kind", "timeout"),))] == 0
+    assert samples[("hedgerow_cache_embedder_ready", ())] == 1
+    assert samples[("hedgerow_cache_embeds_failed_total", (("reason", "lost"),))] == 0
     rejected = {k: v for k, v in samples.items()
                 if k[0] == "hedgerow_cache_guard_rejections_total"}
     assert sum(rejected.values()) >= 1, text
