@@ -1,4 +1,5 @@
-"""HTTP/2: DATA for a stream whose response already ended must not kill the connection.
+"""HTTP/2: DATA for a stream whose response already ended must not kill the
+connection, and a stream refused during shutdown says so (REFUSED_STREAM).
 
 Hypercorn 0.18 looks the stream up with ``self.streams[stream_id]`` for every
 DATA frame (``hypercorn/protocol/h2.py``, ``_handle_events``). When the app
@@ -20,6 +21,11 @@ arrives before its HTTP/2 upload ends and reports "Server disconnected":
 a client limitation, seen with or without this guard. In one of six manual
 curl runs that reused the connection right after such a 413, the server
 answered the next stream with GOAWAY (PROTOCOL_ERROR); not pursued.
+
+During shutdown hypercorn resets every new stream on a connection already
+open with RST_STREAM (NO_ERROR), which promises nothing, so clients report a
+failure. The guard refuses such a stream with REFUSED_STREAM instead (RFC
+9113, 8.7: not processed, safe to retry), and advertises no more streams.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from __future__ import annotations
 from typing import Any
 
 import h2.events
+from h2.errors import ErrorCodes
+from h2.settings import SettingCodes
 from hypercorn.protocol.h2 import H2Protocol
 
 _ORIGINAL = "_hedgerow_unguarded_handle_events"
@@ -43,10 +51,25 @@ def install_h2_guard() -> None:
         # One at a time: a stream exists only once the RequestReceived before
         # its DATA in the same batch has been handled.
         for event in events:
-            if not _late_data(self, event):
+            if _refused_while_draining(self, event):
+                await original(self, [])  # flushes the RST_STREAM
+            elif not _late_data(self, event):
                 await original(self, [event])
 
     H2Protocol._handle_events = handle_events  # type: ignore[method-assign]
+
+
+def _refused_while_draining(protocol: Any, event: h2.events.Event) -> bool:
+    """A new stream on a connection of a server that is shutting down: refuse it
+    with REFUSED_STREAM, which tells the client that nothing was processed and a
+    retry elsewhere is safe (RFC 9113, 8.7). Hypercorn resets it with NO_ERROR,
+    which promises nothing, and clients report a failure."""
+    if not isinstance(event, h2.events.RequestReceived) or not protocol.context.terminated.is_set():
+        return False
+    connection = protocol.connection
+    connection.reset_stream(event.stream_id, error_code=ErrorCodes.REFUSED_STREAM)
+    connection.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: 0})
+    return True
 
 
 def _late_data(protocol: Any, event: h2.events.Event) -> bool:

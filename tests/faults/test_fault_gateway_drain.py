@@ -1,8 +1,8 @@
 """Graceful drain: SIGTERM to a gateway with streams in flight.
 
-The gateway stops accepting at once: its listeners close (and hypercorn
-resets a new stream on an HTTP/2 connection already open before the app sees
-it). A request that does reach the app gets 503 ``gateway_draining`` with
+The gateway stops accepting at once: its listeners close, and a new stream
+on an HTTP/2 connection already open is refused with REFUSED_STREAM (safe to
+retry) before the app sees it, while the streams already running carry on. A request that does reach the app gets 503 ``gateway_draining`` with
 Retry-After, and /readyz answers 503 -- both checked in-process below. A stream that finishes within ``--drain-timeout-s`` ends with
 ``[DONE]``; one still running at the deadline ends with an SSE error event
 (``gateway_draining``), never a cut connection; one still waiting for its
@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import ssl
 import time
 from collections.abc import Iterator
 
 from typing import cast
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
 import httpx
 import orjson
 import pytest
@@ -149,3 +155,59 @@ async def _call(app: GatewayApp, method: str, path: str,
     await app(scope, receive, send)
     return (sent[0]["status"], dict(sent[0]["headers"]),
             b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+class RawH2:
+    """One HTTP/2 connection driven frame by frame, to see the server's error codes."""
+
+    def __init__(self, stack_: Stack) -> None:
+        context = ssl.create_default_context(cafile=stack_.ca_cert)
+        context.set_alpn_protocols(["h2"])
+        port = int(stack_.gateway_url.rsplit(":", 1)[1])
+        self.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), 5),
+                                        server_hostname="127.0.0.1")
+        self.sock.settimeout(5)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        self.flush()
+
+    def flush(self) -> None:
+        self.sock.sendall(self.conn.data_to_send())
+
+    def post(self, body: dict[str, object]) -> int:
+        stream_id = self.conn.get_next_available_stream_id()
+        data = orjson.dumps(body)
+        self.conn.send_headers(stream_id, [
+            (":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "https"),
+            (":authority", "127.0.0.1"), ("content-type", "application/json"),
+            ("content-length", str(len(data)))])
+        self.conn.send_data(stream_id, data, end_stream=True)
+        self.flush()
+        return stream_id
+
+    def until(self, wanted: type, stream_id: int) -> h2.events.Event:
+        while True:
+            for event in self.conn.receive_data(self.sock.recv(65536)):
+                if isinstance(event, h2.events.DataReceived):
+                    self.conn.acknowledge_received_data(event.flow_controlled_length,
+                                                        event.stream_id)
+                if isinstance(event, wanted) and getattr(event, "stream_id", None) == stream_id:
+                    self.flush()
+                    return event
+            self.flush()
+
+
+def test_a_new_http2_stream_during_the_drain_is_refused_as_safe_to_retry(
+        stack: tuple[Stack, Proc]) -> None:
+    stack_, gateway = stack
+    raw = RawH2(stack_)
+    long = raw.post(chat_body(500, "long"))  # ~10 s of tokens on b-live
+    raw.until(h2.events.DataReceived, long)
+    gateway.popen.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    late = raw.post(chat_body(5, "late"))
+    reset = raw.until(h2.events.StreamReset, late)
+    assert reset.error_code == h2.errors.ErrorCodes.REFUSED_STREAM  # not processed: retry
+    raw.until(h2.events.DataReceived, long)  # the stream already running carries on
+    raw.sock.close()
+    assert gateway.popen.wait(15) == 0
