@@ -24,8 +24,7 @@ handshake failed, timed out or the connection served and closed. The cap in
 force is the one ``serve`` put in ``ACTIVE_CAP`` (a context variable, so two
 servers in one process each keep their own).
 
-QUIC (HTTP/3) connections are not counted here; hypercorn's UDP server keeps
-its own table of them.
+QUIC (HTTP/3) connections take slots of the same cap: see ``gateway.quic_cap``.
 """
 
 from __future__ import annotations
@@ -157,7 +156,7 @@ class CappedListener:
     def _admit(self, connection: socket.socket) -> None:
         if not self._cap.try_open():
             connection.close()  # no TLS byte read or written: the client reads EOF
-            _log_refusals(self._cap)
+            log_refusals(self._cap)
             return
         task = asyncio.get_running_loop().create_task(self._serve(connection, _Slot(self._cap)))
         self._handshakes.add(task)
@@ -178,7 +177,7 @@ class CappedListener:
             raise
 
 
-def _log_refusals(cap: ConnectionCap) -> None:
+def log_refusals(cap: ConnectionCap) -> None:
     refused = cap.refusals_to_log(asyncio.get_running_loop().time())
     if refused:
         log.warning("connection cap reached: %d connection(s) refused at accept (%d open, "

@@ -33,9 +33,9 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
   ``hedgerow_cache_embedder_starts_total`` and
   ``hedgerow_cache_embeds_failed_total{reason}`` (refused, lost).
 - From ``ConnectionCap.stats()`` at scrape time (``watch_connections``):
-  ``hedgerow_connections_open`` (TCP connections open now, TLS handshakes
-  included), ``hedgerow_connections_limit`` (``--max-connections``) and
-  ``hedgerow_connections_refused_total`` (closed at accept: at the cap).
+  ``hedgerow_connections_open`` (TCP and QUIC connections open now,
+  handshakes included), ``hedgerow_connections_limit`` (``--max-connections``) and
+  ``hedgerow_connections_refused_total`` (refused before TLS: at the cap).
 
 The scheduler's own counters and gauges are read from its ``Stats`` snapshot
 at scrape time: ``hedgerow_shed_total{reason}``, ``hedgerow_hedges_total{outcome}``
@@ -275,12 +275,12 @@ def connection_families(stats: Mapping[str, Any]) -> list[Metric]:
     if not stats:
         return []
     return [
-        _gauge("hedgerow_connections_open", "TCP connections open now (TLS handshakes "
+        _gauge("hedgerow_connections_open", "TCP and QUIC connections open now (handshakes "
                "included).", None, {"": stats["open"]}),
-        _gauge("hedgerow_connections_limit", "Open TCP connections allowed "
+        _gauge("hedgerow_connections_limit", "Open TCP and QUIC connections allowed "
                "(--max-connections).", None, {"": stats["limit"]}),
-        _counter("hedgerow_connections_refused_total", "TCP connections closed at accept, "
-                 "before TLS, because the open-connection limit was reached.", None,
+        _counter("hedgerow_connections_refused_total", "Connections refused before TLS "
+                 "(TCP closed at accept, QUIC Initials dropped) at the connection limit.", None,
                  {"": stats["refused"]}),
     ]
 

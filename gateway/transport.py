@@ -49,6 +49,7 @@ from hypercorn.utils import wrap_app
 
 from gateway.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
 from gateway.h2_guard import install_h2_guard
+from gateway.quic_cap import install_quic_cap
 from gateway.write_coalescing import install_write_coalescing
 from hedgerow.hypercorn_eof import install_eof_fix
 from gateway.quic_tickets import QuicTicketStore
@@ -334,7 +335,7 @@ def _with_alt_svc(config: Config, listeners: Listeners) -> Config:
 
 
 def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
-    """Fill six gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
+    """Fill seven gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
 
     1. ``hypercorn/protocol/quic.py`` builds ``QuicConnection(configuration=...,
        original_destination_connection_id=...)`` without aioquic's
@@ -355,10 +356,13 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
        now leave once per loop pass (``gateway.write_coalescing``).
     6. A connection the client closed waited out its keep-alive timer
        (``hedgerow.hypercorn_eof``).
+    7. QUIC connections were not bounded at all: they take slots of the same
+       ``ConnectionCap`` (``gateway.quic_cap``).
     """
     install_h2_guard()
     install_write_coalescing()
     install_eof_fix()
+    install_quic_cap()
     hooks = tickets.hooks()
     hypercorn.protocol.quic.QuicConnection = functools.partial(  # type: ignore[misc]
         aioquic.quic.connection.QuicConnection,

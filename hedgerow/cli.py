@@ -180,8 +180,8 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     gw.add_argument("--admin-token-file", type=Path,
                     help="admin API token (default $HEDGEROW_ADMIN_TOKEN; none: loopback only)")
     gw.add_argument("--max-connections", type=int, default=4096, metavar="N",
-                    help="open TCP connections at most; beyond it new ones are closed at "
-                         "accept, before TLS (default 4096; the open-file limit is raised "
+                    help="open connections (TCP and QUIC) at most; beyond it new ones are "
+                         "refused before TLS (default 4096; the open-file limit is raised "
                          "to fit, or the cap lowered)")
     gw.set_defaults(run=_run_gateway)
 

@@ -1,0 +1,108 @@
+"""HTTP/3 connections take slots of the gateway's connection cap too.
+
+A gateway capped at 3 connections holds three QUIC connections; a fourth
+client's Initial packets are dropped before any handshake work (its connect
+times out) and counted as refusals. Once one of the three closes, its slot is
+free again and a new HTTP/3 request is served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AsyncExitStack
+
+import anyio
+import httpx
+import pytest
+from aioquic.asyncio import connect
+from aioquic.h3.connection import H3_ALPN
+from aioquic.quic.configuration import QuicConfiguration
+from prometheus_client.parser import text_string_to_metric_families
+
+from policies.schema import DEFAULT_POLICY_PATH
+from tests.faults.test_fault_connection_flood import SIM
+from tests.support.h3client import h3_request
+from tests.support.stack import Stack
+from tests.support.streams import client
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+CAP = 3
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("quic-cap")
+    policy = root / "policy.yaml"
+    policy.write_text(DEFAULT_POLICY_PATH.read_text().replace(
+        "  semantic:\n    enabled: true", "  semantic:\n    enabled: false", 1))
+    stack = Stack(root)
+    try:
+        stack.start_control_plane()
+        stack.start_worker("sim-1", *SIM)
+        stack.start_gateway("--policy", str(policy), "--max-connections", str(CAP))
+        yield stack
+    finally:
+        stack.stop_all()
+
+
+def _port(stack: Stack) -> int:
+    return int(stack.gateway_url.rsplit(":", 1)[1])
+
+
+def _configuration(stack: Stack) -> QuicConfiguration:
+    configuration = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                                      server_name="127.0.0.1", idle_timeout=30.0)
+    configuration.load_verify_locations(cafile=str(stack.ca_cert))
+    return configuration
+
+
+async def _connections(stack: Stack) -> dict[str, float]:
+    def scrape() -> dict[str, float]:
+        with client(stack) as http:  # one TCP connection: takes a slot while it lasts
+            text = http.get("/metrics").text
+        return {s.name: s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name.startswith("hedgerow_connections")}
+    return await anyio.to_thread.run_sync(scrape)
+
+
+async def _until(stack: Stack, predicate: object, timeout_s: float = 10.0) -> dict[str, float]:
+    with anyio.fail_after(timeout_s):
+        while True:
+            try:
+                seen = await _connections(stack)
+                if predicate(seen):  # type: ignore[operator]
+                    return seen
+            except httpx.HTTPError:  # refused at the cap meanwhile
+                pass
+            await anyio.sleep(0.2)
+
+
+async def test_quic_connections_count_against_the_cap_and_free_their_slot(
+        stack: Stack) -> None:
+    refused_before = (await _connections(stack))["hedgerow_connections_refused_total"]
+    async with AsyncExitStack() as held:
+        quic = []
+        for _ in range(CAP):
+            quic.append(await held.enter_async_context(
+                connect("127.0.0.1", _port(stack), configuration=_configuration(stack))))
+        with pytest.raises(TimeoutError):  # its Initials are dropped: no handshake at all
+            with anyio.fail_after(1.5):
+                async with connect("127.0.0.1", _port(stack),
+                                   configuration=_configuration(stack)):
+                    pass
+        quic[0].close()
+        await quic[0].wait_closed()
+        # The closed connection's slot comes back (the server's close takes a moment).
+        response = None
+        with anyio.fail_after(15):
+            while response is None:
+                try:
+                    response = await h3_request("127.0.0.1", _port(stack), path="/healthz",
+                                                cafile=stack.ca_cert, timeout_s=1.5,
+                                                ticket_wait_s=0)
+                except TimeoutError:
+                    await anyio.sleep(0.2)
+        assert response.status == 200
+    seen = await _until(stack, lambda m: m["hedgerow_connections_open"] <= 1)
+    assert seen["hedgerow_connections_refused_total"] > refused_before  # the dropped Initials
