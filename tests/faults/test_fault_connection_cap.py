@@ -21,8 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.transport import TLS_HANDSHAKE_TIMEOUT_S
-from policies.schema import DEFAULT_POLICY_PATH
-from tests.faults.test_fault_connection_flood import SIM, _held_until_closed
+from tests.faults.test_fault_connection_flood import _held_until_closed
+from tests.support.capped import start_capped_stack
 from tests.support.stack import Stack, wait_for
 from tests.support.streams import chat_body, client
 
@@ -37,16 +37,8 @@ WATCH_S = TLS_HANDSHAKE_TIMEOUT_S - 2
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("cap")
-    policy = root / "policy.yaml"
-    policy.write_text(DEFAULT_POLICY_PATH.read_text().replace(
-        "  semantic:\n    enabled: true", "  semantic:\n    enabled: false", 1))
-    stack = Stack(root)
+    stack = start_capped_stack(tmp_path_factory.mktemp("cap"), CAP, "--drain-timeout-s", "1")
     try:
-        stack.start_control_plane()
-        stack.start_worker("sim-1", *SIM)
-        stack.start_gateway("--drain-timeout-s", "1", "--policy", str(policy),
-                            "--max-connections", str(CAP))
         yield stack
     finally:
         stack.stop_all()

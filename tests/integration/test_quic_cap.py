@@ -19,8 +19,7 @@ from aioquic.h3.connection import H3_ALPN
 from aioquic.quic.configuration import QuicConfiguration
 from prometheus_client.parser import text_string_to_metric_families
 
-from policies.schema import DEFAULT_POLICY_PATH
-from tests.faults.test_fault_connection_flood import SIM
+from tests.support.capped import start_capped_stack
 from tests.support.h3client import h3_request
 from tests.support.stack import Stack
 from tests.support.streams import client
@@ -32,15 +31,8 @@ CAP = 3
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("quic-cap")
-    policy = root / "policy.yaml"
-    policy.write_text(DEFAULT_POLICY_PATH.read_text().replace(
-        "  semantic:\n    enabled: true", "  semantic:\n    enabled: false", 1))
-    stack = Stack(root)
+    stack = start_capped_stack(tmp_path_factory.mktemp("quic-cap"), CAP)
     try:
-        stack.start_control_plane()
-        stack.start_worker("sim-1", *SIM)
-        stack.start_gateway("--policy", str(policy), "--max-connections", str(CAP))
         yield stack
     finally:
         stack.stop_all()
