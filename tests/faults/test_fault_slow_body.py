@@ -86,7 +86,7 @@ def _trickle(stack: Stack, seen: Trickled) -> None:
         while time.monotonic() - started < 30 and seen.closed_after is None:
             if seen.bytes_sent < len(BODY) - 1:  # never the whole body
                 _send_byte(tls, seen)
-            _read(tls, seen, time.monotonic() - started)
+            _read(tls, seen, started)
 
 
 def _send_byte(tls: ssl.SSLSocket, seen: Trickled) -> None:
@@ -97,13 +97,14 @@ def _send_byte(tls: ssl.SSLSocket, seen: Trickled) -> None:
         pass  # closed: the next read says so
 
 
-def _read(tls: ssl.SSLSocket, seen: Trickled, elapsed: float) -> None:
+def _read(tls: ssl.SSLSocket, seen: Trickled, started: float) -> None:
     try:
         data = tls.recv(65536)
     except TimeoutError:
         return
     except (ssl.SSLError, ConnectionError):
         data = b""
+    elapsed = time.monotonic() - started  # when it arrived, not when the wait began
     if data:
         seen.response += data
         if seen.answered_after is None:
