@@ -36,17 +36,18 @@ def install_quic_cap() -> None:
 
     async def capped_handle(self: Any, event: Any) -> None:
         cap = _cap(self)
-        if cap is None or not isinstance(event, RawData) or not _opens_connection(self, event):
+        new_cid = _new_connection_id(self, event) if cap is not None else None
+        if new_cid is None:
             await handle(self, event)
             return
+        assert cap is not None
         if not cap.try_open():
             log_refusals(cap)
             return  # dropped: no connection, no handshake
-        before = set(self.connections)
         await handle(self, event)
-        created = [self.connections[cid] for cid in set(self.connections) - before]
-        if created:
-            self._hedgerow_counted.add(id(created[0]))
+        created = self.connections.get(new_cid)
+        if created is not None:
+            self._hedgerow_counted.add(id(created))
         else:  # too short, or the server is shutting down: nothing was opened
             cap.close()
 
@@ -73,14 +74,16 @@ def _cap(protocol: Any) -> ConnectionCap | None:
         return protocol._hedgerow_cap  # type: ignore[no-any-return]
 
 
-def _opens_connection(protocol: Any, event: RawData) -> bool:
-    """An Initial packet for a connection id this server does not know."""
-    data = event.data
+def _new_connection_id(protocol: Any, event: Any) -> bytes | None:
+    """The destination id of an Initial packet for a connection this server does
+    not know (the id hypercorn files the new connection under); else None."""
+    data = event.data if isinstance(event, RawData) else b""
     if not data or not data[0] & _LONG_HEADER:
-        return False  # short header: an established connection's packet
+        return None  # short header: an established connection's packet
     try:
         header = pull_quic_header(Buffer(data=data), host_cid_length=8)
     except ValueError:
-        return False  # hypercorn drops it too
-    return (header.packet_type == PACKET_TYPE_INITIAL
-            and header.destination_cid not in protocol.connections)
+        return None  # hypercorn drops it too
+    if header.packet_type != PACKET_TYPE_INITIAL or header.destination_cid in protocol.connections:
+        return None
+    return bytes(header.destination_cid)

@@ -14,14 +14,14 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.redis_gateways import Gateways, start_two_gateways
 from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
-from tests.support.stack import Proc, Stack, wait_for
+from tests.support.stack import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -56,33 +56,14 @@ models:
 """
 
 
-@dataclass
-class Gateways:
-    stack: Stack
-    redis: RedisServer
-    urls: tuple[str, str]
-    procs: tuple[Proc, Proc]
-
-
 @pytest.fixture(scope="module")
 def gateways(tmp_path_factory: pytest.TempPathFactory,
              redis_server: RedisServer) -> Iterator[Gateways]:  # noqa: F811
-    root = tmp_path_factory.mktemp("shared-limits")
-    policy = root / "policy.yaml"
-    policy.write_text(POLICY)
-    stack = Stack(root)
+    started = start_two_gateways(tmp_path_factory.mktemp("shared-limits"), POLICY, redis_server, SIM)
     try:
-        stack.start_control_plane()
-        stack.start_worker("sim-1", *SIM)
-        urls, procs = [], []
-        for name in ("a", "b"):
-            proc = stack.start_gateway("--policy", str(policy), "--redis", redis_server.url,
-                                       "--gateway-id", f"gw-{name}")
-            urls.append(stack.gateway_url)
-            procs.append(proc)
-        yield Gateways(stack, redis_server, (urls[0], urls[1]), (procs[0], procs[1]))
+        yield started
     finally:
-        stack.stop_all()
+        started.stack.stop_all()
 
 
 def _client(gateways: Gateways, url: str) -> httpx.Client:

@@ -15,14 +15,13 @@ import hashlib
 import ssl
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.redis_gateways import Gateways, start_two_gateways
 from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
-from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -56,31 +55,14 @@ tenants:
 """
 
 
-@dataclass
-class Gateways:
-    stack: Stack
-    redis: RedisServer
-    urls: tuple[str, str]
-
-
 @pytest.fixture(scope="module")
 def gateways(tmp_path_factory: pytest.TempPathFactory,
              redis_server: RedisServer) -> Iterator[Gateways]:  # noqa: F811
-    root = tmp_path_factory.mktemp("shared-tokens")
-    policy = root / "policy.yaml"
-    policy.write_text(POLICY)
-    stack = Stack(root)
+    started = start_two_gateways(tmp_path_factory.mktemp("shared-tokens"), POLICY, redis_server, SIM)
     try:
-        stack.start_control_plane()
-        stack.start_worker("sim-1", *SIM)
-        urls = []
-        for name in ("a", "b"):
-            stack.start_gateway("--policy", str(policy), "--redis", redis_server.url,
-                                "--gateway-id", f"gw-{name}")
-            urls.append(stack.gateway_url)
-        yield Gateways(stack, redis_server, (urls[0], urls[1]))
+        yield started
     finally:
-        stack.stop_all()
+        started.stack.stop_all()
 
 
 def _client(gateways: Gateways, url: str) -> httpx.Client:
