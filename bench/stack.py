@@ -3,7 +3,10 @@
 Used by end-to-end tests and by benchmark scenarios alike. Everything runs as
 the production CLI would run it (``python -m hedgerow.cli ...``) on free
 loopback ports, with logs kept in a working directory so a failure can be
-read afterwards.
+read afterwards — internal trust included: the control plane makes its CA,
+the stack mints join tokens through the admin API with the admin credential,
+and every worker and gateway joins with one (mutual TLS everywhere).
+``Stack(insecure=True)`` runs with ``--insecure-internal`` instead.
 """
 
 from __future__ import annotations
@@ -79,10 +82,74 @@ class Stack:
     control_plane_port: int = 0
     gateway_port: int = 0
     procs: list[Proc] = field(default_factory=list)
+    join_port: int = 0
+    insecure: bool = False  # --insecure-internal everywhere (plain HTTP)
+    _tokens: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.insecure else "https"
 
     @property
     def control_plane_url(self) -> str:
-        return f"http://127.0.0.1:{self.control_plane_port}"
+        return f"{self.scheme}://127.0.0.1:{self.control_plane_port}"
+
+    @property
+    def join_url(self) -> str:
+        return f"https://127.0.0.1:{self.join_port}"
+
+    @property
+    def control_plane_state(self) -> Path:
+        return self.root / "control-plane"
+
+    @property
+    def cluster_ca(self) -> Path:
+        return self.control_plane_state / "ca" / "ca.pem"
+
+    @property
+    def admin_identity(self) -> Path:
+        """The admin credential the control plane wrote (key, cert, CA)."""
+        return self.control_plane_state / "admin"
+
+    def admin_tls(self, *, check_hostname: bool = True) -> ssl.SSLContext | bool:
+        """httpx's ``verify`` for an admin's calls (a worker's URL: no hostname check)."""
+        if self.insecure:
+            return True
+        context = ssl.create_default_context(cafile=self.cluster_ca)
+        context.check_hostname = check_hostname
+        creds = self.admin_identity
+        context.load_cert_chain(creds / "cert.pem", creds / "key.pem")
+        return context
+
+    def admin(self, base_url: str | None = None, **kwargs: Any) -> httpx.Client:
+        """An httpx client to the control plane (or ``base_url``) as the admin."""
+        return httpx.Client(base_url=base_url or self.control_plane_url,
+                            verify=self.admin_tls(), **kwargs)
+
+    def admin_env(self) -> dict[str, str]:
+        """Environment for `hedgerow policy|status|token ...` run as the admin."""
+        return dict(os.environ, HEDGEROW_ADMIN_IDENTITY=str(self.admin_identity),
+                    HEDGEROW_CONTROL_PLANE=self.control_plane_url)
+
+    def join_args(self, role: str) -> list[str]:
+        """Flags that make a new worker or gateway join this stack's control plane."""
+        if self.insecure:
+            return ["--insecure-internal"]
+        token = self._tokens.get(role)
+        if token is None:
+            with self.admin() as admin:
+                reply = admin.post("/v1/tokens", json={"role": role, "ttl_s": 86400})
+            reply.raise_for_status()
+            token = self.root / f"{role}.token"
+            token.write_text(reply.json()["token"])
+            self._tokens[role] = token
+        return ["--join-url", self.join_url, "--join-token-file", str(token),
+                "--ca-file", str(self.cluster_ca)]
+
+    def control_plane_args(self, join_port: int) -> list[str]:
+        if self.insecure:
+            return ["--insecure-internal"]
+        return ["--state-dir", str(self.control_plane_state), "--join-port", str(join_port)]
 
     @property
     def gateway_url(self) -> str:
@@ -108,33 +175,46 @@ class Stack:
         redis_url: str | None = None,
     ) -> Proc:
         """Start the control plane the workers and gateways started later use."""
+        self.join_port = free_port()
         proc, url = self.start_control_plane_replica(
             "control-plane", lease_s=lease_s, policy=policy, policy_dir=policy_dir,
-            redis_url=redis_url)
+            redis_url=redis_url, join_port=self.join_port)
         self.control_plane_port = int(url.rsplit(":", 1)[1])
         return proc
 
     def start_control_plane_replica(
         self, name: str, lease_s: float = 2.0, policy: Path | None = None,
         policy_dir: Path | None = None, redis_url: str | None = None,
+        join_port: int | None = None, port: int | None = None,
     ) -> tuple[Proc, str]:
-        """Start one more control plane (e.g. a replica on the same Redis); its URL."""
-        port = free_port()
+        """Start one more control plane (e.g. a replica on the same Redis, sharing
+        this stack's CA); its URL."""
+        port = port or free_port()
         extra = [*(["--policy", str(policy)] if policy else []),
                  *(["--policy-dir", str(policy_dir)] if policy_dir else []),
-                 *(["--redis", redis_url] if redis_url else [])]
+                 *(["--redis", redis_url] if redis_url else []),
+                 *self.control_plane_args(join_port or free_port())]
         proc = self.spawn(name, "control-plane", "--port", str(port),
                           "--lease-s", str(lease_s), *extra)
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: httpx.get(url + "/healthz").status_code == 200 or _exited(proc),
-                 name)
+        url = f"{self.scheme}://127.0.0.1:{port}"
+        self.wait_control_plane(proc, url, name)
+        return proc, url
+
+    def wait_control_plane(self, proc: Proc, url: str, name: str = "control plane") -> None:
+        def healthy() -> bool:
+            if not self.insecure and not (self.admin_identity / "cert.pem").exists():
+                return False
+            with self.admin(url, timeout=2.0) as admin:
+                return admin.get("/healthz").status_code == 200
+
+        wait_for(lambda: _exited(proc) or healthy(), name)
         if _exited(proc):
             raise RuntimeError(f"{name} exited:\n{proc.log()}")
-        return proc, url
 
     def start_worker(self, worker_id: str, *extra: str) -> Proc:
         proc = self.spawn(worker_id, "worker", "--control-plane", self.control_plane_url,
-                          "--worker-id", worker_id, *extra)
+                          "--worker-id", worker_id, "--state-dir", str(self.root / "state"),
+                          *self.join_args("worker"), *extra)
         wait_for(lambda: self.worker(worker_id) is not None or _exited(proc),
                  f"worker {worker_id} to register")
         if proc.popen.poll() is not None:
@@ -146,7 +226,8 @@ class Stack:
         self.gateway_port = free_port()
         proc = self.spawn("gateway", "gateway", "--port", str(self.gateway_port),
                           "--control-plane", self.control_plane_url,
-                          "--state-dir", str(self.root / "state"), *extra)
+                          "--state-dir", str(self.root / "state"),
+                          *self.join_args("gateway"), *extra)
         probe = "/readyz" if wait_ready else "/healthz"
         wait_for(lambda: self.ca_cert.exists() and httpx.get(
             self.gateway_url + probe, verify=ssl.create_default_context(cafile=self.ca_cert)).status_code == 200,
@@ -154,7 +235,8 @@ class Stack:
         return proc
 
     def workers(self) -> list[dict[str, Any]]:
-        snapshot = httpx.get(self.control_plane_url + "/v1/workers").json()
+        with self.admin() as admin:
+            snapshot = admin.get("/v1/workers").json()
         return list(snapshot["workers"])
 
     def worker(self, worker_id: str) -> dict[str, Any] | None:
@@ -166,7 +248,9 @@ class Stack:
     def worker_status(self, worker_id: str) -> dict[str, Any]:
         record = self.worker(worker_id)
         assert record is not None, f"{worker_id} is not registered"
-        return dict(httpx.get(record["registration"]["url"] + "/status").json())
+        # A worker is known by its certificate's identity, not a hostname.
+        verify = self.admin_tls(check_hostname=False)
+        return dict(httpx.get(record["registration"]["url"] + "/status", verify=verify).json())
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):

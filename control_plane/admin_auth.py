@@ -17,8 +17,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from hedgerow.asgi import Handler, Request, Router
 from hedgerow.errors import AuthenticationFailed
+from hedgerow.trust.identity import Role
+
+if TYPE_CHECKING:
+    from control_plane.trust_service import TrustService
 
 log = logging.getLogger("hedgerow.control_plane.admin")
 
@@ -94,18 +100,42 @@ class AdminGuard:
                 "'Authorization: Bearer <token>'", code="invalid_admin_token")
 
 
+class CallerCheck:
+    """Each route's check of its caller's certificate identity (the TLS handshake
+    already proved the certificate chains to the cluster CA). ``trust`` None:
+    ``--insecure-internal``, where nothing is checked."""
+
+    def __init__(self, trust: TrustService | None) -> None:
+        self.trust = trust
+
+    def require(self, handler: Handler, roles: tuple[Role, ...]) -> Handler:
+        trust = self.trust
+        if trust is None:
+            return handler
+
+        async def checked(request: Request) -> None:
+            trust.caller(roles)
+            await handler(request)
+
+        return checked
+
+
 @dataclass(frozen=True)
 class ControlPlaneRoutes:
-    """Where each control-plane route goes: ``open`` for workers and gateways
-    (they hold no admin token), ``admin`` for operators, behind ``guard``.
-    One table unless the admin API has a listener of its own."""
+    """Where each control-plane route goes and who may call it: ``internal``
+    routes name the roles they serve (a worker registers, a gateway watches);
+    ``admin`` routes are for operators (role ``admin``, and the admin token when
+    one is configured). One table unless the admin API has a listener of its own."""
 
     open_table: Router
     admin_table: Router
     guard: AdminGuard
+    callers: CallerCheck = CallerCheck(None)
 
-    def open(self, method: str, path: str, handler: Handler) -> None:
-        self.open_table.add(method, path, handler)
+    def internal(self, method: str, path: str, handler: Handler, *,
+                 roles: tuple[Role, ...]) -> None:
+        self.open_table.add(method, path, self.callers.require(handler, roles))
 
     def admin(self, method: str, path: str, handler: Handler) -> None:
-        self.admin_table.add(method, path, self.guard.protect(handler))
+        guarded = self.guard.protect(handler)
+        self.admin_table.add(method, path, self.callers.require(guarded, ("admin",)))

@@ -17,10 +17,12 @@ import anyio
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from control_plane.admin_auth import AdminGuard, ControlPlaneRoutes
+from control_plane.admin_auth import AdminGuard, CallerCheck, ControlPlaneRoutes
 from control_plane.metrics import ControlPlaneMetrics
 from control_plane.policy_api import PolicyApi
 from control_plane.registry_actor import Beat, Deregister, Register, Snapshot
+from control_plane.trust_api import TrustApi
+from control_plane.trust_service import ANY_ROLE, TrustService
 from control_plane.upstream_api import UpstreamApi
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import (
@@ -35,14 +37,17 @@ from hedgerow.asgi import (
     sse_event,
     stream_until_disconnect,
 )
-from hedgerow.errors import InvalidRequest
+from hedgerow.errors import InvalidRequest, PermissionDenied
 from hedgerow.latest import LatestValue
 from hedgerow.metrics import CONTENT_TYPE
+from hedgerow.trust.identity import Identity
+from hedgerow.trust.peer import PEER, Peer
 from hedgerow.wire import Heartbeat, RegisterReply, RegistrySnapshot, WorkerRegistration
 
 MAX_BODY = 64 * 1024
 ASK_TIMEOUT_S = 5.0
 WATCH_KEEPALIVE_S = 15.0
+REVOCATION_CHECK_S = 1.0
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -59,19 +64,31 @@ class ControlPlaneApp:
     guard: AdminGuard = field(default_factory=lambda: AdminGuard(None))  # admin token
     # True: the admin routes are served by ``serve_admin`` only (``--admin-port``).
     admin_listener: bool = False
+    # Who may call what (certificate identities); None: --insecure-internal.
+    trust: TrustService | None = None
 
     def __post_init__(self) -> None:
         self.router = Router()
         self.admin_router = Router() if self.admin_listener else self.router
-        routes = ControlPlaneRoutes(self.router, self.admin_router, self.guard)
-        routes.open("GET", "/healthz", self.healthz)
-        routes.open("GET", "/metrics", self.prometheus)
-        routes.open("GET", "/v1/workers", self.list_workers)
-        routes.open("POST", "/v1/workers", self.register)
-        routes.open("POST", "/v1/workers/{worker_id}/heartbeat", self.heartbeat)
-        routes.open("DELETE", "/v1/workers/{worker_id}", self.deregister)
-        routes.open("GET", "/v1/watch", self.watch)
+        routes = ControlPlaneRoutes(self.router, self.admin_router, self.guard,
+                                    CallerCheck(self.trust))
+        routes.internal("GET", "/healthz", self.healthz, roles=ANY_ROLE)
+        routes.admin("GET", "/metrics", self.prometheus)
+        routes.internal("GET", "/v1/workers", self.list_workers, roles=("gateway", "admin"))
+        routes.internal("POST", "/v1/workers", self.register, roles=("worker",))
+        routes.internal("POST", "/v1/workers/{worker_id}/heartbeat", self.heartbeat,
+                        roles=("worker",))
+        routes.internal("DELETE", "/v1/workers/{worker_id}", self.deregister,
+                        roles=("worker", "admin"))
+        routes.internal("GET", "/v1/watch", self.watch, roles=("gateway", "admin"))
         routes.admin("GET", "/v1/status", self.status)
+        if self.trust is not None:
+            if self.policy_api is not None:
+                self.policy_api.is_revoked = self.trust.revoked
+            self.trust_api: TrustApi | None = TrustApi(self.trust, self.evict)
+            self.trust_api.add_routes(routes)
+        else:
+            self.trust_api = None
         if self.admin_listener:  # a probe for the admin listener itself, token-free
             self.admin_router.add("GET", "/healthz", self.healthz)
         if self.policy_api is not None:
@@ -113,8 +130,28 @@ class ControlPlaneApp:
         snapshot = await self.registry.ask(Snapshot(), timeout=ASK_TIMEOUT_S)
         await send_json(request.send, 200, snapshot.model_dump(mode="json"))
 
+    def _own_worker(self, worker_id: str) -> None:
+        """A worker acts only under its certificate's name (admins on any)."""
+        if self.trust is None:
+            return
+        peer = PEER.get()
+        assert peer is not None  # the route's role check passed
+        if peer.identity.role == "worker" and peer.identity.name != worker_id:
+            raise PermissionDenied(f"{peer.identity} may act only as worker "
+                                   f"{peer.identity.name!r}, not {worker_id!r}",
+                                   code="identity_mismatch")
+
+    async def evict(self, identity: Identity) -> None:
+        """A revoked worker leaves the registry at once (its heartbeats are refused)."""
+        if identity.role == "worker":
+            await self.registry.ask(Deregister(identity.name), timeout=ASK_TIMEOUT_S)
+
     async def register(self, request: Request) -> None:
         registration = await _parse(request, WorkerRegistration)
+        self._own_worker(registration.worker_id)
+        if self.trust is not None and not registration.url.startswith("https://"):
+            raise InvalidRequest("a worker's url must be https:// (gateways call workers "
+                                 "over mutual TLS)", code="invalid_worker_url")
         await self.registry.ask(Register(registration), timeout=ASK_TIMEOUT_S)
         reply = RegisterReply(
             worker_id=registration.worker_id,
@@ -126,11 +163,13 @@ class ControlPlaneApp:
     async def heartbeat(self, request: Request) -> None:
         beat = await _parse(request, Heartbeat)
         worker_id = request.path_params["worker_id"]
+        self._own_worker(worker_id)
         await self.registry.ask(Beat(worker_id, beat.load), timeout=ASK_TIMEOUT_S)
         await send_json(request.send, 200, {"worker_id": worker_id, "lease_s": self.lease_s})
 
     async def deregister(self, request: Request) -> None:
         worker_id = request.path_params["worker_id"]
+        self._own_worker(worker_id)
         await self.registry.ask(Deregister(worker_id), timeout=ASK_TIMEOUT_S)
         await send_json(request.send, 200, {"worker_id": worker_id, "deregistered": True})
 
@@ -142,17 +181,24 @@ class ControlPlaneApp:
         # anyone else (new, behind, or ahead of a restarted plane) gets it now.
         start = known if known == self.published.version else -1
         with self.metrics.watchers.track_inprogress():
-            await stream_until_disconnect(request, 200, list(SSE_HEADERS), self._snapshots(start))
+            await stream_until_disconnect(request, 200, list(SSE_HEADERS),
+                                          self._snapshots(start, PEER.get()))
 
-    async def _snapshots(self, version: int) -> AsyncIterator[bytes]:
-        while True:
+    async def _snapshots(self, version: int, peer: Peer | None) -> AsyncIterator[bytes]:
+        idle = 0.0
+        while not (self.trust is not None and self.trust.revoked(peer)):
             snapshot: RegistrySnapshot | None = None
-            with anyio.move_on_after(WATCH_KEEPALIVE_S):
+            # Wake at least every REVOCATION_CHECK_S: a revoked watcher is cut within it.
+            with anyio.move_on_after(REVOCATION_CHECK_S):
                 version, snapshot = await self.published.wait_newer(version)
-            if snapshot is None:
-                yield b": keep-alive\n\n"
-            else:
+            if snapshot is not None:
+                idle = 0.0
                 yield sse_event(snapshot.model_dump(mode="json"))
+                continue
+            idle += REVOCATION_CHECK_S
+            if idle >= WATCH_KEEPALIVE_S:
+                idle = 0.0
+                yield b": keep-alive\n\n"
 
 
 async def _parse(request: Request, model: type[M]) -> M:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import ssl
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -15,17 +18,38 @@ from control_plane.policy_service import start_policy_service
 from control_plane.registry import Registry
 from control_plane.registry_actor import RegistryActor
 from control_plane.shared_state import close_redis, open_redis, registry_actor_factory
+from control_plane.trust_service import (ADMIN_CERT_TTL, DEFAULT_CERT_TTL_S, SERVING_CERT_TTL,
+                                         SERVING_RENEW_BEFORE, TrustService, serving_names)
 from control_plane.upstream_api import start_upstream_service
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
 from hedgerow.serving import serve_internal
+from hedgerow.trust.credentials import Credentials, TlsContexts
+from hedgerow.trust.identity import Identity
 from hedgerow.wire import RegistrySnapshot
 from policies.schema import DEFAULT_POLICY_PATH
 
 log = logging.getLogger("hedgerow.control_plane")
 
+CONTROL_PLANE = Identity("control-plane", "control-plane")
+LOCAL_ADMIN = Identity("admin", "local")
+SERVING_CHECK_S = 3600.0
 DEFAULT_LEASE_S = 3.0
 HEARTBEAT_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class TrustOptions:
+    """Internal trust of a control plane: where its CA and book live, or None
+    in ``TrustOptions.insecure`` (plain HTTP, nothing checked: debugging only)."""
+
+    state_dir: Path = Path(".hedgerow/control-plane")
+    join_port: int = 8501
+    ca_cert: Path | None = None
+    ca_key: Path | None = None
+    cert_ttl_s: float = DEFAULT_CERT_TTL_S
+    tls_sans: tuple[str, ...] = ()  # more names clients reach it by (DNS or IP)
+    insecure: bool = False
 
 
 async def run_control_plane(
@@ -33,6 +57,7 @@ async def run_control_plane(
     port: int,
     shutdown: anyio.Event,
     *,
+    trust_options: TrustOptions = TrustOptions(),
     lease_s: float = DEFAULT_LEASE_S,
     policy_file: Path = DEFAULT_POLICY_PATH,
     policy_dir: Path | None = None,
@@ -46,10 +71,13 @@ async def run_control_plane(
     that serves it is on loopback only. ``admin_port``: serve the admin API
     there (on ``admin_host``) and nowhere else; None: on ``port`` with the rest.
     Reports the main port on start."""
-    if admin_port is None:
-        host = admin_bind_host(host, admin_token)
-    else:  # the main port then carries no admin route: it binds where asked
-        admin_host = admin_bind_host(admin_host, admin_token)
+    trust, contexts = _open_trust(trust_options, host, admin_host)
+    if trust is None:  # plain HTTP: without a token the admin API stays on loopback
+        if admin_port is None:
+            host = admin_bind_host(host, admin_token)
+        else:  # the main port then carries no admin route: it binds where asked
+            admin_host = admin_bind_host(admin_host, admin_token)
+    server_tls = contexts.server() if contexts is not None else None
     # The registry outlives actor restarts: each method leaves it consistent,
     # so a crash in one message must not make every worker re-register.
     registry = Registry(lease_s=lease_s)
@@ -66,17 +94,67 @@ async def run_control_plane(
                                                     lease_s)
         app = ControlPlaneApp(actor, published, lease_s, HEARTBEAT_INTERVAL_S, metrics,
                               policy_api, upstream_api, AdminGuard(admin_token),
-                              admin_listener=admin_port is not None)
+                              admin_listener=admin_port is not None, trust=trust)
+        scheme = "http" if server_tls is None else "https"
         async with anyio.create_task_group() as tg:
-            bound = await tg.start(serve_internal, app, host, port, shutdown)
-            log.info("control plane listening on http://%s:%d", host, bound)
+            bound = await tg.start(partial(serve_internal, tls=server_tls),
+                                   app, host, port, shutdown)
+            log.info("control plane listening on %s://%s:%d%s", scheme, host, bound,
+                     " (mutual TLS)" if server_tls else "")
+            if trust is not None and app.trust_api is not None and contexts is not None:
+                joined = await tg.start(partial(serve_internal, tls=contexts.server(
+                    require_client_cert=False)), app.trust_api.join_app(), host,
+                    trust_options.join_port, shutdown)
+                log.info("control plane join API listening on https://%s:%d", host, joined)
+                tg.start_soon(_keep_serving_certificate, trust, contexts, trust_options,
+                              host, admin_host, shutdown)
             if admin_port is not None:
-                await _serve_admin(tg, app, admin_host, admin_port, shutdown)
+                await _serve_admin(tg, app, admin_host, admin_port, shutdown, server_tls)
             task_status.started(bound)
 
 
+def _open_trust(options: TrustOptions, *hosts: str) -> tuple[TrustService | None,
+                                                             TlsContexts | None]:
+    if options.insecure:
+        log.warning("INSECURE: --insecure-internal: the control plane serves plain HTTP and "
+                    "believes every caller; anyone who reaches it can register workers and "
+                    "read the registry and policy. Never run this outside a debugging session.")
+        return None, None
+    trust = TrustService.open(options.state_dir, ca_cert=options.ca_cert,
+                              ca_key=options.ca_key, cert_ttl_s=options.cert_ttl_s)
+    serving = _serving_credentials(trust, options, hosts)
+    trust.ensure_credentials(options.state_dir / "admin", LOCAL_ADMIN, lifetime=ADMIN_CERT_TTL,
+                             renew_before=SERVING_RENEW_BEFORE)
+    log.info("cluster CA %s (%s); admin credential in %s", trust.ca.fingerprint,
+             options.ca_cert or options.state_dir / "ca", options.state_dir / "admin")
+    return trust, TlsContexts(serving)
+
+
+def _serving_credentials(trust: TrustService, options: TrustOptions,
+                         hosts: tuple[str, ...]) -> Credentials:
+    dns, ips = serving_names((*hosts, *options.tls_sans))
+    return trust.ensure_credentials(options.state_dir / "identity", CONTROL_PLANE,
+                                    lifetime=SERVING_CERT_TTL, renew_before=SERVING_RENEW_BEFORE,
+                                    dns_names=dns, ip_addresses=ips)
+
+
+async def _keep_serving_certificate(trust: TrustService, contexts: TlsContexts,
+                                    options: TrustOptions, host: str, admin_host: str,
+                                    shutdown: anyio.Event) -> None:
+    """Reissue the control plane's own certificate before it lapses, in place."""
+    while not shutdown.is_set():
+        with anyio.move_on_after(SERVING_CHECK_S):
+            await shutdown.wait()
+        before = contexts.credentials.certificate().serial_number
+        _serving_credentials(trust, options, (host, admin_host))
+        if contexts.credentials.certificate().serial_number != before:
+            contexts.reload()
+            log.info("control plane serving certificate renewed")
+
+
 async def _serve_admin(tg: TaskGroup, app: ControlPlaneApp, host: str, port: int,
-                       shutdown: anyio.Event) -> None:
-    bound = await tg.start(serve_internal, app.serve_admin, host, port, shutdown)
-    log.info("control plane admin API listening on http://%s:%d%s", host, bound,
-             "" if app.guard.enabled else " (no admin token: unauthenticated)")
+                       shutdown: anyio.Event, tls: ssl.SSLContext | None) -> None:
+    bound = await tg.start(partial(serve_internal, tls=tls), app.serve_admin, host, port,
+                           shutdown)
+    log.info("control plane admin API listening on %s://%s:%d%s", "https" if tls else "http",
+             host, bound, "" if app.guard.enabled or tls else " (no admin token: unauthenticated)")

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import time
 import unicodedata
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from urllib.parse import unquote_plus
 
@@ -37,8 +37,9 @@ from control_plane.gateways import GatewayAnswer, GatewayBook
 from control_plane.policy_store import PolicyVersion
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import SSE_HEADERS, Request, send_json, sse_event, stream_until_disconnect
-from hedgerow.errors import InvalidRequest
+from hedgerow.errors import InvalidRequest, PermissionDenied
 from hedgerow.latest import LatestValue
+from hedgerow.trust.peer import PEER, Peer
 from hedgerow.wire import PolicyApplied, PolicyHistory, PolicyValidated
 from policies.loader import MAX_POLICY_CHARS, decode_policy_bytes, parse_policy_document, policy_checksum
 from policies.schema import PolicyError
@@ -46,6 +47,7 @@ from policies.schema import PolicyError
 log = logging.getLogger("hedgerow.control_plane.policy")
 
 WATCH_KEEPALIVE_S = 15.0
+REVOCATION_CHECK_S = 1.0
 MAX_ANSWER_BODY = 16 * 1024
 MAX_POLICY_BODY = 4 * MAX_POLICY_CHARS  # UTF-8 bytes; the loader bounds characters
 ASK_TIMEOUT_S = 5.0
@@ -58,6 +60,9 @@ class PolicyApi:
     # The active version, for followers (the policy watch stream).
     published: LatestValue[PolicyVersion]
     gateways: GatewayBook = field(default_factory=GatewayBook)
+    # Whether a watcher's certificate was revoked since it connected (the control
+    # plane's trust sets it): its stream is then cut within REVOCATION_CHECK_S.
+    is_revoked: Callable[[Peer | None], bool] = field(default=lambda peer: False)
 
     def add_routes(self, routes: ControlPlaneRoutes) -> None:
         """The operator's routes on the admin side, behind the admin token; the
@@ -68,28 +73,39 @@ class PolicyApi:
         routes.admin("GET", "/v1/policy/history", self.history)
         routes.admin("POST", "/v1/policy/validate", self.validate)
         routes.admin("POST", "/v1/policy/rollback/{version}", self.rollback)
-        routes.open("GET", "/v1/policy/watch", self.watch)
-        routes.open("POST", "/v1/gateways/{gateway_id}/policy", self.gateway_answer)
+        routes.internal("GET", "/v1/policy/watch", self.watch, roles=("gateway", "admin"))
+        routes.internal("POST", "/v1/gateways/{gateway_id}/policy", self.gateway_answer,
+                        roles=("gateway",))
         routes.admin("GET", "/v1/policy/{version}", self.show_version)
 
     async def watch(self, request: Request) -> None:
         """SSE: the current version at once, then every new one (whole text)."""
-        await stream_until_disconnect(request, 200, list(SSE_HEADERS), self._versions())
+        await stream_until_disconnect(request, 200, list(SSE_HEADERS),
+                                      self._versions(PEER.get()))
 
-    async def _versions(self) -> AsyncIterator[bytes]:
-        version = -1
-        while True:
+    async def _versions(self, peer: Peer | None) -> AsyncIterator[bytes]:
+        version, idle = -1, 0.0
+        while not self.is_revoked(peer):
             current: PolicyVersion | None = None
-            with anyio.move_on_after(WATCH_KEEPALIVE_S):
+            with anyio.move_on_after(REVOCATION_CHECK_S):
                 version, current = await self.published.wait_newer(version)
-            if current is None:
-                yield b": keep-alive\n\n"
-            else:
+            if current is not None:
+                idle = 0.0
                 yield sse_event({"version": current.version, "checksum": current.checksum,
                                  "text": current.text})
+                continue
+            idle += REVOCATION_CHECK_S
+            if idle >= WATCH_KEEPALIVE_S:
+                idle = 0.0
+                yield b": keep-alive\n\n"
 
     async def gateway_answer(self, request: Request) -> None:
-        """A gateway's ACK or NACK of one version."""
+        """A gateway's ACK or NACK of one version (a gateway answers only for itself)."""
+        peer = PEER.get()
+        gateway_id = request.path_params["gateway_id"]
+        if peer is not None and peer.identity.role == "gateway" and peer.identity.name != gateway_id:
+            raise PermissionDenied(f"{peer.identity} may answer only for gateway "
+                                   f"{peer.identity.name!r}", code="identity_mismatch")
         body = await request.body(MAX_ANSWER_BODY)
         try:
             data = orjson.loads(body)

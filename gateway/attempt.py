@@ -143,7 +143,8 @@ async def _open_until_first_token(
     worker_id = worker.registration.worker_id
     url = worker.registration.url.rstrip("/") + call.path
     body, headers = external_request(worker, call)
-    response = await workers.open_stream(worker_id, url, body, call.request_id, headers)
+    response = await workers.open_stream(worker_id, url, body, call.request_id, headers,
+                                         internal=not worker.registration.external)
     try:
         if response.status != 200:
             body = await WorkerClient.read_all(worker_id, response, MAX_REJECTION_BYTES)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import fcntl
 import ipaddress
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from hedgerow.trust.pem import write_cert as _write_public
+from hedgerow.trust.pem import write_key as _write_key
 
 CA_LIFETIME = datetime.timedelta(days=3650)
 LEAF_LIFETIME = datetime.timedelta(days=365)
@@ -183,27 +185,3 @@ def _key_usage(*, digital_signature: bool, cert_sign: bool) -> x509.KeyUsage:
         encipher_only=False,
         decipher_only=False,
     )
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    _write_atomically(path, pem, mode=0o600)
-
-
-def _write_public(path: Path, cert: x509.Certificate) -> None:
-    _write_atomically(path, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
-
-
-def _write_atomically(path: Path, data: bytes, *, mode: int) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with open(fd, "wb") as file:
-        os.fchmod(file.fileno(), mode)  # O_CREAT's mode is masked by the umask
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)

@@ -11,6 +11,7 @@ Anything else (a bug) propagates to the supervisor.
 from __future__ import annotations
 
 import logging
+import ssl
 
 import anyio
 import httpx
@@ -31,9 +32,12 @@ READ_TIMEOUT_S = 40.0
 
 
 class RegistryFollower:
-    def __init__(self, control_plane_url: str, directory: LatestValue[RegistrySnapshot]) -> None:
+    def __init__(self, control_plane_url: str, directory: LatestValue[RegistrySnapshot],
+                 verify: ssl.SSLContext | bool = True) -> None:
+        """``verify``: the gateway's mutual-TLS client context."""
         self.url = control_plane_url.rstrip("/") + "/v1/watch"
         self.directory = directory
+        self.verify = verify
 
     async def run(self) -> None:
         delay = RECONNECT_INITIAL_S
@@ -54,7 +58,7 @@ class RegistryFollower:
 
     async def _follow(self) -> None:
         timeout = httpx.Timeout(connect=2.0, read=READ_TIMEOUT_S, write=5.0, pool=5.0)
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with httpx.AsyncClient(timeout=timeout, verify=self.verify) as client:
             params = {"since": str(self.directory.version)}
             async with client.stream("GET", self.url, params=params) as response:
                 response.raise_for_status()

@@ -29,6 +29,8 @@ from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
 from hedgerow.serving import serve_internal
+from hedgerow.trust.peer import require_roles
+from hedgerow.trust.process import InternalTls
 from hedgerow.wire import RegistrySnapshot
 from policies.loader import policy_checksum
 from policies.schema import DEFAULT_POLICY_PATH, Policy, load_policy
@@ -44,7 +46,7 @@ DRAIN_GRACE_S = 2.0
 
 @dataclass(frozen=True)
 class GatewayOptions:
-    control_plane: str = "http://127.0.0.1:8500"
+    control_plane: str = "https://127.0.0.1:8500"
     # One address or several; by default IPv4 and IPv6 loopback, since browsers
     # try ::1 first for localhost (and a forced QUIC connection never falls back).
     host: str | tuple[str, ...] = field(default_factory=local_hosts)
@@ -71,6 +73,9 @@ class GatewayOptions:
     admin_token: str | None = None
     # Open TCP connections; beyond it new ones are closed at accept, before TLS.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # Mutual TLS to the control plane and workers, and on the admin listener;
+    # None: plain HTTP (--insecure-internal, and tests of the gateway alone).
+    internal_tls: InternalTls | None = None
 
 
 @dataclass(frozen=True)
@@ -88,15 +93,19 @@ async def run_gateway(
     policy = load_policy(options.policy_path or DEFAULT_POLICY_PATH)
     certfile, keyfile, ca_cert = _certificate(options)
     directory: LatestValue[RegistrySnapshot] = LatestValue(RegistrySnapshot(version=0), -1)
-    workers = WorkerClient(policy.timeouts)
+    tls = options.internal_tls or InternalTls(None, options.control_plane)
+    workers = WorkerClient(policy.timeouts, internal_tls=tls.contexts)
     shared = open_shared_limits(options.redis_url) if options.redis_url else None
     # Exact and semantic response cache, shared through Redis when given one.
     cache = ResponseCache(policy, options.redis_url,
                           origin=options.gateway_id or f"gw-{options.port}")
     try:
         async with Supervisor() as supervisor:
-            follower = RegistryFollower(options.control_plane, directory)
+            follower = RegistryFollower(options.control_plane, directory, verify=tls.client())
             supervisor.run_service("registry-follower", follower.run)
+            renewer = tls.renewer()
+            if renewer is not None:
+                supervisor.run_service("certificate-renewer", renewer.run)
             scheduler = await supervisor.spawn(
                 lambda: SchedulerActor(policy, directory, pop=options.pop), name="scheduler",
                 mailbox_size=4096)
@@ -116,9 +125,10 @@ async def run_gateway(
             if shared is not None:
                 log.info("tenants' requests/s and tokens/min limits are shared through Redis")
             if options.policy_path is None:
-                gateway_id = options.gateway_id or f"gw-{socket.gethostname()}-{options.port}"
+                gateway_id = options.gateway_id or default_gateway_id(options.port)
                 policies = PolicyFollower(options.control_plane, gateway_id, apply_policy,
-                                          RunningPolicy(0, policy_checksum(policy)))
+                                          RunningPolicy(0, policy_checksum(policy)),
+                                          verify=tls.client())
                 supervisor.run_service("policy-follower", policies.run)
             else:
                 log.info("policy pinned to %s (not following the control plane)",
@@ -134,7 +144,7 @@ async def run_gateway(
 
                 if options.admin_port is not None:
                     await _serve_admin(tg, GatewayAdmin(cache, options.admin_token),
-                                       options, shutdown)
+                                       options, shutdown, tls)
                 port = await tg.start(functools.partial(serve, connection_cap=connections),
                                       edge, config, drain_on_shutdown)
                 hosts = [options.host] if isinstance(options.host, str) else options.host
@@ -150,12 +160,22 @@ async def run_gateway(
 
 
 async def _serve_admin(tg: TaskGroup, admin: GatewayAdmin, options: GatewayOptions,
-                       shutdown: anyio.Event) -> None:
+                       shutdown: anyio.Event, tls: InternalTls) -> None:
+    """With internal TLS: mutual TLS, role admin (and the token when one is set),
+    on the host asked. Without: plain HTTP, on loopback unless a token guards it."""
     assert options.admin_port is not None
-    host = admin_bind_host(options.admin_host, options.admin_token)
-    port = await tg.start(serve_internal, admin, host, options.admin_port, shutdown)
-    log.info("gateway admin API listening on http://%s:%d%s", host, port,
-             "" if options.admin_token else " (no admin token: unauthenticated)")
+    if tls.enabled:
+        host, served = options.admin_host, require_roles(admin, ("admin",))
+    else:
+        host, served = admin_bind_host(options.admin_host, options.admin_token), admin
+    port = await tg.start(functools.partial(serve_internal, tls=tls.server()), served, host,
+                          options.admin_port, shutdown)
+    log.info("gateway admin API listening on %s://%s:%d%s", tls.scheme, host, port,
+             "" if options.admin_token or tls.enabled else " (no admin token: unauthenticated)")
+
+
+def default_gateway_id(port: int) -> str:
+    return f"gw-{socket.gethostname()}-{port}"
 
 
 async def _begin_drain(drain: Drain, timeout_s: float, tg: TaskGroup) -> None:

@@ -12,6 +12,7 @@ error: the gateway keeps its policy and reconnects with capped backoff.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -58,7 +59,9 @@ Apply = Callable[[Policy], Awaitable[None]]
 
 class PolicyFollower:
     def __init__(self, control_plane_url: str, gateway_id: str, apply: Apply,
-                 running: RunningPolicy) -> None:
+                 running: RunningPolicy, verify: ssl.SSLContext | bool = True) -> None:
+        """``verify``: the gateway's mutual-TLS client context."""
+        self.verify = verify
         self.base = control_plane_url.rstrip("/")
         self.gateway_id = gateway_id
         self.apply = apply
@@ -82,7 +85,7 @@ class PolicyFollower:
 
     async def _follow(self) -> None:
         timeout = httpx.Timeout(connect=2.0, read=READ_TIMEOUT_S, write=5.0, pool=5.0)
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with httpx.AsyncClient(timeout=timeout, verify=self.verify) as client:
             url = f"{self.base}/v1/policy/watch"
             async with client.stream("GET", url) as response:
                 response.raise_for_status()

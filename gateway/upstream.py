@@ -19,6 +19,8 @@ from typing import Protocol
 from gateway.http1 import HttpError, HttpTimeout, ProtocolError
 from gateway.worker_http import HttpPool, PoolLimits
 from hedgerow.errors import UpstreamFailed
+from hedgerow.trust.credentials import TlsContexts
+from hedgerow.trust.identity import Identity, IdentityError
 from policies.schema import Timeouts
 
 CONNECT_TIMEOUT_S = 2.0
@@ -45,7 +47,7 @@ class WorkerResponse(Protocol):
 
 class WorkerTransport(Protocol):
     async def request(self, method: str, url: str, headers: dict[str, str],
-                      body: bytes) -> WorkerResponse: ...
+                      body: bytes, *, peer: str = "") -> WorkerResponse: ...
 
     async def aclose(self) -> None: ...
 
@@ -65,28 +67,40 @@ def map_upstream_errors(worker_id: str) -> Iterator[None]:
                              code="upstream_unreachable") from error
 
 
+def worker_uri(worker_id: str) -> str:
+    try:
+        return Identity("worker", worker_id).uri
+    except IdentityError:
+        return "spiffe://hedgerow/worker/-invalid-"  # matches no certificate
+
+
 class WorkerClient:
     def __init__(self, timeouts: Timeouts | None = None,
-                 transport: WorkerTransport | None = None) -> None:
+                 transport: WorkerTransport | None = None,
+                 internal_tls: TlsContexts | None = None) -> None:
         """``transport``: an in-memory twin (``gateway.worker_mock.MockTransport``) for tests."""
         connect_s = timeouts.connect_ms / 1000 if timeouts else CONNECT_TIMEOUT_S
         # Bounds each read: the idle gap between tokens (and the wait for the head).
         idle_s = timeouts.idle_ms / 1000 if timeouts else IDLE_TIMEOUT_S
         limits = PoolLimits(connect_s=connect_s, idle_s=idle_s, write_s=WRITE_TIMEOUT_S,
                             max_connections=MAX_CONNECTIONS, max_idle=MAX_IDLE_CONNECTIONS)
-        self._transport: WorkerTransport = transport or HttpPool(limits)
+        self._transport: WorkerTransport = transport or HttpPool(limits,
+                                                                 internal_tls=internal_tls)
 
     async def aclose(self) -> None:
         await self._transport.aclose()
 
     async def open_stream(
         self, worker_id: str, url: str, body: bytes, request_id: str,
-        extra_headers: Mapping[str, str] | None = None,
+        extra_headers: Mapping[str, str] | None = None, *, internal: bool = False,
     ) -> WorkerResponse:
+        """``internal``: a registered Hedgerow worker, reached over mutual TLS and
+        accepted only if it proves the identity ``worker/<worker_id>``."""
         headers = {"content-type": "application/json", "x-request-id": request_id,
                    **(extra_headers or {})}
         with map_upstream_errors(worker_id):
-            response = await self._transport.request("POST", url, headers, body)
+            peer = worker_uri(worker_id) if internal and url.startswith("https:") else ""
+            response = await self._transport.request("POST", url, headers, body, peer=peer)
         if response.status >= 500:
             await response.aclose()
             raise UpstreamFailed(

@@ -14,6 +14,13 @@ so a half-read connection is never reused. A reused connection that dies before
 any response byte arrived (the server closed it while idle: the keep-alive race)
 is retried once on a fresh connection.
 
+Internal workers are reached over mutual TLS (``peer`` given): the gateway
+presents its own certificate, checks the worker's chain against the cluster
+CA, and accepts it only if its identity URI is the one the registry names —
+never a DNS name, so a worker registered at another's address gets no
+traffic meant for that one. The identity is part of the pool key, and the
+check runs once per connection: the handshake is paid once, then amortised.
+
 Errors are ``gateway.http1.HttpError``s; ``gateway.upstream`` maps them once.
 """
 
@@ -27,11 +34,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from hedgerow.trust.credentials import TlsContexts
+from hedgerow.trust.identity import identity_of_der
 from gateway.http1 import (ChunkedBody, CloseDelimitedBody, ConnectFailed, ConnectionBroken,
                            ConnectTimeout, HttpError, LengthBody, PoolTimeout, ReadTimeout,
                            ResponseHead, WriteTimeout, body_framing, parse_head)
 
-Origin = tuple[str, str, int]  # scheme, host, port
+# scheme, host, port, and the identity URI the peer must prove ("" for none).
+Origin = tuple[str, str, int, str]
 Body = ChunkedBody | LengthBody | CloseDelimitedBody
 
 READ_HIGH_WATER = 256 * 1024  # stop reading the socket while this much is unconsumed
@@ -212,15 +222,20 @@ class HttpPool:
     """Keep-alive connections per origin; ``request`` sends one request and returns its head."""
 
     def __init__(self, limits: PoolLimits | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 internal_tls: TlsContexts | None = None) -> None:
         self.limits = limits or PoolLimits()
         self._ssl = ssl_context
+        self._internal = internal_tls.client(check_hostname=False) if internal_tls else None
         self._origins: dict[Origin, _OriginPool] = {}
         self._targets: dict[str, tuple[Origin, bytes]] = {}  # url -> origin, request prefix
 
     async def request(self, method: str, url: str, headers: dict[str, str],
-                      body: bytes) -> HttpResponse:
+                      body: bytes, *, peer: str = "") -> HttpResponse:
+        """``peer``: the identity URI an internal worker must prove (mutual TLS)."""
         origin, prefix = self._target(url)
+        if peer:
+            origin = (origin[0], origin[1], origin[2], peer)
         lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         if lines.count("\n") != len(headers):
             raise HttpError("a request header contains a line break")
@@ -263,7 +278,7 @@ class HttpPool:
             host = parts.netloc.rpartition("@")[2]
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             prefix = f" {path} HTTP/1.1\r\nhost: {host}\r\n".encode("latin-1")
-            known = ((parts.scheme, parts.hostname, port), prefix)
+            known = ((parts.scheme, parts.hostname, port, ""), prefix)
             if len(self._targets) < 4096:  # worker URLs are few; don't let them grow
                 self._targets[url] = known
         return known
@@ -306,8 +321,8 @@ class HttpPool:
                 pool.waiters.remove(waiter)
 
     async def _connect(self, origin: Origin, pool: _OriginPool) -> Connection:
-        scheme, host, port = origin
-        tls = self._tls_context() if scheme == "https" else None
+        scheme, host, port, peer = origin
+        tls = self._tls_for(peer) if scheme == "https" else None
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.limits.connect_s):
@@ -321,10 +336,29 @@ class HttpPool:
             if isinstance(error, OSError):
                 raise ConnectFailed(f"connect to {host}:{port}: {error}") from error
             raise
+        if peer:
+            self._check_peer(conn, pool, peer)
         sock = conn.transport.get_extra_info("socket")  # type: ignore[union-attr]
         if sock is not None:  # tokens are small writes: never wait to coalesce them
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
+
+    def _tls_for(self, peer: str) -> ssl.SSLContext:
+        if not peer:
+            return self._tls_context()
+        if self._internal is None:
+            raise ConnectFailed("no internal TLS credentials to reach an internal worker")
+        return self._internal
+
+    def _check_peer(self, conn: Connection, pool: _OriginPool, peer: str) -> None:
+        ssl_object = conn.transport.get_extra_info("ssl_object")  # type: ignore[union-attr]
+        presented = identity_of_der(ssl_object.getpeercert(binary_form=True)
+                                    if ssl_object is not None else None)
+        if presented is None or presented.uri != peer:
+            conn.close()
+            self._slot_freed(conn.origin, pool)
+            raise ConnectFailed(f"the worker at {conn.origin[1]}:{conn.origin[2]} proved "
+                                f"{presented.uri if presented else 'no identity'}, not {peer}")
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._ssl is None:  # loading the CA bundle costs milliseconds: once

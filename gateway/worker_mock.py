@@ -77,7 +77,7 @@ class MockTransport:
         self.handler = handler
 
     async def request(self, method: str, url: str, headers: dict[str, str],
-                      body: bytes) -> MockResponse:
+                      body: bytes, *, peer: str = "") -> MockResponse:
         reply = self.handler(WorkerRequest(method, url, headers, body))
         if inspect.isawaitable(reply):
             reply = await reply

@@ -7,6 +7,7 @@ shutdown (a worker drains, a gateway finishes in-flight streams).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -18,11 +19,13 @@ from typing import TYPE_CHECKING
 import anyio
 
 from hedgerow.logs import LOG_FORMATS, configure_logging
+from hedgerow.trust.process import add_trust_arguments
 
 if TYPE_CHECKING:
+    from hedgerow.trust.process import InternalTls
     from workers.sim_backend import LatencyModel
 
-DEFAULT_CONTROL_PLANE = "http://127.0.0.1:8500"
+DEFAULT_CONTROL_PLANE = "https://127.0.0.1:8500"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -139,6 +142,21 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
     cp.add_argument("--redis", metavar="URL", default=os.environ.get("HEDGEROW_REDIS_URL"),
                     help="share registry and policy with other replicas through this Redis "
                          "(redis://host:port/db; default $HEDGEROW_REDIS_URL; none: in-process)")
+    cp.add_argument("--state-dir", type=Path, default=Path(".hedgerow/control-plane"),
+                    help="the cluster CA, join tokens, its own certificate and an admin "
+                         "credential (STATE-DIR/admin) live here")
+    cp.add_argument("--join-port", type=int, default=8501,
+                    help="the join API (TLS, no client certificate): joiners buy their "
+                         "certificate here with a join token (default 8501)")
+    cp.add_argument("--ca-cert", type=Path, help="your own issuing CA certificate (PEM)")
+    cp.add_argument("--ca-key", type=Path, help="its private key (PEM)")
+    cp.add_argument("--cert-ttl-s", type=float, default=3600.0,
+                    help="lifetime of the certificates it issues to workers and gateways "
+                         "(default 3600; they renew at two thirds)")
+    cp.add_argument("--tls-san", action="append", default=[], metavar="NAME",
+                    help="another DNS name or IP clients reach it by (repeatable)")
+    cp.add_argument("--insecure-internal", action="store_true",
+                    help="DEBUG ONLY: plain HTTP, and every caller believed")
     cp.set_defaults(run=_run_control_plane)
 
 
@@ -147,6 +165,9 @@ def _add_policy(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
 
     add_policy_parser(commands)
     add_status_parser(commands)
+    from hedgerow.trust_cli import add_trust_parsers
+
+    add_trust_parsers(commands)
 
 
 def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -183,6 +204,7 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="open connections (TCP and QUIC) at most; beyond it new ones are "
                          "refused before TLS (default 4096; the open-file limit is raised "
                          "to fit, or the cap lowered)")
+    add_trust_arguments(gw)
     gw.set_defaults(run=_run_gateway)
 
 
@@ -237,7 +259,9 @@ def _add_worker(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     wk.add_argument("--port", type=int, default=0, help="0 picks a free port")
     wk.add_argument("--advertise-host", help="host the gateway should dial (default --host)")
     wk.add_argument("--control-plane", default=DEFAULT_CONTROL_PLANE)
-    wk.add_argument("--worker-id")
+    wk.add_argument("--worker-id", help="its identity's name too (default: KIND-HOST-RANDOM)")
+    wk.add_argument("--state-dir", type=Path, default=Path(".hedgerow"),
+                    help="its identity lives in STATE-DIR/identity-worker-ID by default")
     wk.add_argument("--model-path", type=Path, help="any GGUF file (default: bundled SmolLM2)")
     wk.add_argument("--model-name", help="name clients use (default: from the file name)")
     wk.add_argument("--slots", type=int, default=None,
@@ -262,6 +286,7 @@ def _add_worker(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     wk.add_argument("--backend", choices=("llama", "sim"), default="llama",
                     help="sim: a simulated model for benchmarks and tests, never for users")
     _add_sim_options(wk)
+    add_trust_arguments(wk)
     wk.set_defaults(run=_run_worker)
 
 
@@ -337,8 +362,16 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         print(f"hedgerow: cannot use the admin token: {error}", file=sys.stderr)
         return 1
+    from control_plane.main import TrustOptions
+
+    if (args.ca_cert is None) != (args.ca_key is None):
+        print("hedgerow: --ca-cert and --ca-key go together", file=sys.stderr)
+        return 2
+    trust = TrustOptions(state_dir=args.state_dir, join_port=args.join_port,
+                         ca_cert=args.ca_cert, ca_key=args.ca_key, cert_ttl_s=args.cert_ttl_s,
+                         tls_sans=tuple(args.tls_san), insecure=args.insecure_internal)
     run_until_signalled(lambda shutdown: run_control_plane(
-        args.host, args.port, shutdown, lease_s=args.lease_s,
+        args.host, args.port, shutdown, trust_options=trust, lease_s=args.lease_s,
         policy_file=policy_file, policy_dir=args.policy_dir, admin_token=admin_token,
         redis_url=args.redis, admin_port=args.admin_port, admin_host=args.admin_host))
     return 0
@@ -357,10 +390,16 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if args.max_connections < 1:
         print("hedgerow: --max-connections must be at least 1", file=sys.stderr)
         return 1
+    from gateway.main import default_gateway_id
+
+    gateway_id = args.gateway_id or default_gateway_id(args.port)
+    tls = _internal_tls(args, "gateway", gateway_id, args.control_plane, args.state_dir)
+    if tls is None:
+        return 1
     options = GatewayOptions(
         control_plane=args.control_plane, host=tuple(args.host or local_hosts()), port=args.port,
         state_dir=args.state_dir, certfile=args.certfile, keyfile=args.keyfile,
-        policy_path=args.policy, gateway_id=args.gateway_id,
+        policy_path=args.policy, gateway_id=gateway_id, internal_tls=tls,
         drain_timeout_s=args.drain_timeout_s, redis_url=args.redis, pop=args.pop,
         admin_port=args.admin_port, admin_host=args.admin_host, admin_token=admin_token,
         max_connections=args.max_connections,
@@ -369,8 +408,9 @@ def _run_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_worker(args: argparse.Namespace) -> None:
-    from workers.main import WorkerOptions, build_llama_backend, build_sim_backend, run_worker
+def _run_worker(args: argparse.Namespace) -> int:
+    from workers.main import (WorkerOptions, build_llama_backend, build_sim_backend,
+                              default_worker_id, run_worker)
 
     options = WorkerOptions(
         control_plane=args.control_plane, host=args.host, port=args.port,
@@ -383,7 +423,28 @@ def _run_worker(args: argparse.Namespace) -> None:
         sim=_latency_model(args) if args.backend == "sim" else None, sim_seed=args.sim_seed,
     )
     backend = build_sim_backend(options) if args.backend == "sim" else build_llama_backend(options)
+    worker_id = options.worker_id or default_worker_id(backend)
+    tls = _internal_tls(args, "worker", worker_id, args.control_plane, args.state_dir)
+    if tls is None:
+        return 1
+    options = dataclasses.replace(options, worker_id=worker_id, tls=tls)
     run_until_signalled(lambda shutdown: run_worker(options, backend, shutdown))
+    return 0
+
+
+def _internal_tls(args: argparse.Namespace, role: str, name: str, control_plane: str,
+                  state_dir: Path) -> InternalTls | None:
+    """This process's identity (joining if need be); None after printing why not."""
+    from hedgerow.trust.credentials import CredentialsError
+    from hedgerow.trust.identity import IdentityError
+    from hedgerow.trust.join import JoinError
+    from hedgerow.trust.process import internal_tls
+
+    try:
+        return internal_tls(args, role, name, control_plane, state_dir)  # type: ignore[arg-type]
+    except (JoinError, CredentialsError, IdentityError, OSError) as error:
+        print(f"hedgerow {role}: {error}", file=sys.stderr)
+        return None
 
 
 def _latency_model(args: argparse.Namespace) -> LatencyModel:

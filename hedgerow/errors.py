@@ -20,6 +20,9 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │   ├── PayloadTooLarge             413
     │   └── UnsupportedMediaType        415
     ├── AuthenticationFailed            401 authentication_error
+    ├── PermissionDenied                403 permission_error (an internal caller's
+    │                                        identity may not do this)
+    ├── Conflict                        409 conflict_error
     ├── RateLimited                     429 rate_limit_exceeded (Retry-After)
     ├── NoHealthyWorker                 503 service_unavailable (Retry-After)
     ├── GatewayDraining                 503 service_unavailable (Retry-After)
@@ -148,6 +151,20 @@ class AuthenticationFailed(HedgerowError):
     status = 401
     error_type = "authentication_error"
     default_code = "invalid_api_key"
+
+
+class PermissionDenied(HedgerowError):
+    """The caller is who it says (its certificate verified) but may not do this."""
+
+    status = 403
+    error_type = "permission_error"
+    default_code = "permission_denied"
+
+
+class Conflict(HedgerowError):
+    status = 409
+    error_type = "conflict_error"
+    default_code = "conflict"
 
 
 class RateLimited(HedgerowError):

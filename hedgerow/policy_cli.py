@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -25,6 +26,8 @@ from hedgerow.cli import DEFAULT_CONTROL_PLANE
 EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE = 0, 1, 3
 REQUEST_TIMEOUT_S = 10.0
 ADMIN_URL_ENV = "HEDGEROW_ADMIN_URL"
+ADMIN_IDENTITY_ENV = "HEDGEROW_ADMIN_IDENTITY"
+DEFAULT_ADMIN_IDENTITY = ".hedgerow/control-plane/admin"
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -192,6 +195,10 @@ def _add_admin_options(parser: argparse.ArgumentParser) -> None:
                              f"--admin-port (default ${ADMIN_URL_ENV}; none: --control-plane)")
     parser.add_argument("--admin-token-file", type=Path,
                         help="file holding the admin token (default $HEDGEROW_ADMIN_TOKEN)")
+    parser.add_argument("--admin-identity", type=Path, default=Path(os.environ.get(
+        ADMIN_IDENTITY_ENV, DEFAULT_ADMIN_IDENTITY)),
+        help="directory with the admin credential (key.pem, cert.pem, ca.pem) the control "
+             f"plane wrote (default ${ADMIN_IDENTITY_ENV} or %(default)s)")
 
 
 class _Unreachable(Exception):
@@ -212,12 +219,27 @@ class _BadToken(Exception):
     pass
 
 
+def admin_verify(args: argparse.Namespace, base: str) -> ssl.SSLContext | bool:
+    """The admin credential's TLS context for an https:// control plane."""
+    if not base.startswith("https:"):
+        return True
+    from hedgerow.trust.credentials import Credentials, CredentialsError, TlsContexts
+
+    try:
+        return TlsContexts(Credentials(args.admin_identity)).client()
+    except CredentialsError as error:
+        raise _BadToken(f"no admin credential: {error} (the control plane writes one into "
+                        "its --state-dir/admin; point --admin-identity or "
+                        f"${ADMIN_IDENTITY_ENV} at it)") from None
+
+
 def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> httpx.Response:
     base = args.admin_url or args.control_plane
     headers = _admin_headers(args)
+    verify = admin_verify(args, base)
     try:
         return httpx.request(method, base.rstrip("/") + path, timeout=REQUEST_TIMEOUT_S,
-                             headers=headers, **kwargs)
+                             headers=headers, verify=verify, **kwargs)
     except httpx.HTTPError as error:
         raise _Unreachable(f"cannot reach the control plane at {base}: "
                            f"{error or type(error).__name__}") from None

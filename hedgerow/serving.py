@@ -1,14 +1,19 @@
-"""Serving an internal ASGI app (control plane, worker) over plain HTTP/1.1.
+"""Serving an internal ASGI app (control plane, worker, admin listeners).
 
 The public, TLS/QUIC side of the gateway lives in ``gateway.transport``; this
-is the small internal twin. Binding the socket ourselves lets callers ask for
-port 0 and learn the real port before clients are told about it.
+is the small internal twin: HTTP/1.1 over mutual TLS with the context the
+caller gives (``hedgerow.trust.credentials.TlsContexts.server``), so that a
+connection without a certificate from the cluster CA is refused in the
+handshake; plain HTTP only when ``tls`` is None (``--insecure-internal``).
+Binding the socket ourselves lets callers ask for port 0 and learn the real
+port before clients are told about it.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -18,6 +23,7 @@ from hypercorn.config import Config
 
 from hedgerow.asgi import Receive, Scope, Send
 from hedgerow.hypercorn_eof import install_eof_fix
+from hedgerow.trust.peer import install_peer_capture
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -32,8 +38,25 @@ def bind_tcp(host: str, port: int) -> socket.socket:
     return sock
 
 
-def internal_config(sock: socket.socket, *, graceful_timeout: float = 5.0) -> Config:
-    config = Config()
+class _ContextConfig(Config):
+    """A hypercorn Config that serves TLS with one given, live SSLContext (so a
+    renewed certificate, loaded into it in place, is used by new handshakes)."""
+
+    def __init__(self, context: ssl.SSLContext | None) -> None:
+        super().__init__()
+        self._context = context
+
+    @property
+    def ssl_enabled(self) -> bool:
+        return self._context is not None
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        return self._context
+
+
+def internal_config(sock: socket.socket, *, graceful_timeout: float = 5.0,
+                    tls: ssl.SSLContext | None = None) -> Config:
+    config = _ContextConfig(tls)
     config.bind = [f"fd://{sock.fileno()}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
@@ -49,12 +72,15 @@ async def serve_internal(
     port: int,
     shutdown: anyio.Event,
     *,
+    tls: ssl.SSLContext | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown`` is set; report the bound port on start."""
     install_eof_fix()
+    install_peer_capture()
     sock = bind_tcp(host, port)
     bound_port = int(sock.getsockname()[1])
-    config = internal_config(sock)
+    config = internal_config(sock, tls=tls)
+    config.ssl_handshake_timeout = 5.0
     task_status.started(bound_port)
     await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ logged, not fatal: the worker keeps serving and keeps trying.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,14 +37,17 @@ class HeartbeatActor(Actor):
         control_plane_url: str,
         registration: WorkerRegistration,
         current_load: Callable[[], WorkerLoad],
+        *,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
+        """``verify``: the worker's mutual-TLS client context (its certificate)."""
         self.base = control_plane_url.rstrip("/")
         self.registration = registration
         self.current_load = current_load
         self.registered = False
         self.leaving = False
         self._reported_down = False
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(2.0))
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(2.0), verify=verify)
 
     async def on_start(self) -> None:
         await self.on_tick()

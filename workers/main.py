@@ -14,7 +14,9 @@ import logging
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -23,6 +25,8 @@ from anyio.abc import TaskStatus
 
 from hedgerow.actors import Supervisor
 from hedgerow.serving import serve_internal
+from hedgerow.trust.peer import require_roles
+from hedgerow.trust.process import InternalTls
 from hedgerow.wire import WorkerLoad, WorkerRegistration
 from workers.app import WorkerApp, WorkerState
 from workers.backend import Backend
@@ -34,7 +38,7 @@ log = logging.getLogger("hedgerow.worker")
 
 @dataclass(frozen=True)
 class WorkerOptions:
-    control_plane: str = "http://127.0.0.1:8500"
+    control_plane: str = "https://127.0.0.1:8500"
     host: str = "127.0.0.1"
     port: int = 0
     advertise_host: str | None = None
@@ -53,6 +57,9 @@ class WorkerOptions:
     prompt_reuse: bool = True
     prompt_lookup_tokens: int = 0  # prompt-lookup speculative decoding: draft length, 0 = off
     warm_up: bool = True
+    # Mutual TLS with the control plane and gateways; None: plain HTTP (tests of the
+    # worker alone, --insecure-internal).
+    tls: InternalTls | None = None
 
     def advertised_labels(self) -> dict[str, str]:
         labels = dict(self.labels)
@@ -127,17 +134,25 @@ async def run_worker(
     *,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    worker_id = options.worker_id or f"{backend.kind}-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+    worker_id = options.worker_id or default_worker_id(backend)
     state = WorkerState(worker_id=worker_id, ready=False)
+    tls = options.tls or InternalTls(None, options.control_plane)
     app = WorkerApp(backend, state)
+    # Only gateways (and operators) may call a worker: it holds every tenant's prompts.
+    served = require_roles(app, ("gateway", "admin")) if tls.enabled else app
     server_stop = anyio.Event()
     async with anyio.create_task_group() as tg:
-        port = await tg.start(serve_internal, app, options.host, options.port, server_stop)
+        port = await tg.start(partial(serve_internal, tls=tls.server()), served, options.host,
+                              options.port, server_stop)
+        renewing = anyio.CancelScope()
+        renewer = tls.renewer()
+        if renewer is not None:
+            tg.start_soon(run_in_scope, renewing, renewer.run)
         await warm_up(backend, options.warm_up)
         state.ready = True
         registration = WorkerRegistration(
             worker_id=worker_id,
-            url=f"http://{options.advertise_host or options.host}:{port}",
+            url=f"{tls.scheme}://{_bracket(options.advertise_host or options.host)}:{port}",
             kind=backend.kind,  # type: ignore[arg-type]
             device=backend.device,
             device_memory_bytes=backend.device_memory_bytes,
@@ -148,7 +163,8 @@ async def run_worker(
         async with Supervisor() as supervisor:
             link = await supervisor.spawn(
                 lambda: HeartbeatActor(options.control_plane, registration,
-                                       lambda: current_load(backend, state)),
+                                       lambda: current_load(backend, state),
+                                       verify=tls.client()),
                 name="heartbeat",
             )
             log.info("worker %s serving %s on port %d", worker_id, backend.models, port)
@@ -156,6 +172,20 @@ async def run_worker(
             await shutdown.wait()
             await _drain(options, backend, state, link)
         server_stop.set()
+        renewing.cancel()
+
+
+async def run_in_scope(scope: anyio.CancelScope, run: Callable[[], Awaitable[None]]) -> None:
+    with scope:
+        await run()
+
+
+def default_worker_id(backend: Backend) -> str:
+    return f"{backend.kind}-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 async def warm_up(backend: Backend, enabled: bool = True) -> None:

@@ -1,0 +1,90 @@
+"""The verified peer of the current connection, for the application.
+
+Hypercorn (0.18) gives an ASGI app no view of the client certificate (it does
+not implement ASGI's ``tls`` extension). ``install_peer_capture`` wraps
+``TCPServer.run`` — the coroutine that owns one accepted connection, and
+inside whose task every request task of that connection is created — to put
+the connection's verified client certificate in the ``PEER`` context variable
+first. Child tasks copy the context when they are created, so each request
+sees its own connection's peer and no other. The upstream fix would be the
+``tls`` scope extension; this is that in one small, tested place.
+"""
+
+from __future__ import annotations
+
+import datetime
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography import x509
+from hypercorn.asyncio.tcp_server import TCPServer
+
+from hedgerow.trust.ca import issued_at
+from hedgerow.trust.identity import Identity, identity_of
+
+_ORIGINAL = "_hedgerow_original_run"
+
+
+@dataclass(frozen=True)
+class Peer:
+    identity: Identity
+    issued_at: datetime.datetime
+    not_after: datetime.datetime
+
+
+PEER: ContextVar[Peer | None] = ContextVar("hedgerow_peer", default=None)
+
+
+def peer_of(der: bytes | None) -> Peer | None:
+    """The peer a verified DER client certificate speaks for (None: no identity)."""
+    if not der:
+        return None
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError:
+        return None
+    identity = identity_of(cert)
+    if identity is None:
+        return None
+    return Peer(identity, issued_at(cert), cert.not_valid_after_utc)
+
+
+def install_peer_capture() -> None:
+    """Idempotent."""
+    if hasattr(TCPServer, _ORIGINAL):
+        return
+    original = TCPServer.run
+    setattr(TCPServer, _ORIGINAL, original)
+
+    async def run(self: Any) -> None:
+        ssl_object = self.writer.get_extra_info("ssl_object")
+        # Only a certificate the handshake verified is ever returned here.
+        PEER.set(peer_of(ssl_object.getpeercert(binary_form=True)) if ssl_object else None)
+        await original(self)
+
+    TCPServer.run = run  # type: ignore[method-assign]
+
+
+def require_roles(app: Any, roles: tuple[str, ...]) -> Any:
+    """``app`` behind a check of the peer's role (workers: only gateways and
+    admins may call them). ``lifespan`` passes through; refusals use the
+    OpenAI error envelope."""
+    from hedgerow.asgi import send_error
+    from hedgerow.errors import AuthenticationFailed, PermissionDenied
+
+    async def gated(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            peer = PEER.get()
+            if peer is None:
+                await send_error(send, AuthenticationFailed(
+                    "an internal listener: present a client certificate from the cluster CA",
+                    code="client_certificate_required"))
+                return
+            if peer.identity.role not in roles:
+                await send_error(send, PermissionDenied(
+                    f"{peer.identity} may not call this (only {', '.join(roles)})"))
+                return
+        await app(scope, receive, send)
+
+    return gated
