@@ -172,13 +172,14 @@ class Stack:
 
     def start_control_plane(
         self, lease_s: float = 2.0, policy: Path | None = None, policy_dir: Path | None = None,
-        redis_url: str | None = None,
+        redis_url: str | None = None, cert_ttl_s: float | None = None,
     ) -> Proc:
-        """Start the control plane the workers and gateways started later use."""
+        """Start the control plane the workers and gateways started later use.
+        ``cert_ttl_s``: the life of the certificates it issues (renewed at 2/3)."""
         self.join_port = free_port()
         proc, url = self.start_control_plane_replica(
             "control-plane", lease_s=lease_s, policy=policy, policy_dir=policy_dir,
-            redis_url=redis_url, join_port=self.join_port)
+            redis_url=redis_url, join_port=self.join_port, cert_ttl_s=cert_ttl_s)
         self.control_plane_port = int(url.rsplit(":", 1)[1])
         return proc
 
@@ -186,6 +187,7 @@ class Stack:
         self, name: str, lease_s: float = 2.0, policy: Path | None = None,
         policy_dir: Path | None = None, redis_url: str | None = None,
         join_port: int | None = None, port: int | None = None,
+        cert_ttl_s: float | None = None,
     ) -> tuple[Proc, str]:
         """Start one more control plane (e.g. a replica on the same Redis, sharing
         this stack's CA); its URL."""
@@ -193,7 +195,8 @@ class Stack:
         extra = [*(["--policy", str(policy)] if policy else []),
                  *(["--policy-dir", str(policy_dir)] if policy_dir else []),
                  *(["--redis", redis_url] if redis_url else []),
-                 *self.control_plane_args(join_port or free_port())]
+                 *self.control_plane_args(join_port or free_port()),
+                 *(["--cert-ttl-s", str(cert_ttl_s)] if cert_ttl_s else [])]
         proc = self.spawn(name, "control-plane", "--port", str(port),
                           "--lease-s", str(lease_s), *extra)
         url = f"{self.scheme}://127.0.0.1:{port}"

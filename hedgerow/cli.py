@@ -120,6 +120,8 @@ def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-
     up.add_argument("--policy", type=Path, help="initial policy (default: the shipped one)")
     up.add_argument("--policy-dir", type=Path,
                     help="watched directory: a changed *.yaml there becomes the policy")
+    up.add_argument("--join-port", type=int, default=8501,
+                    help="the control plane's join API (default 8501)")
     up.set_defaults(run=_run_up)
 
 
@@ -470,7 +472,7 @@ def _run_up(args: argparse.Namespace) -> int:
         python=sys.executable, host=args.host, gateway_port=args.port,
         control_plane_port=args.control_plane_port, state_dir=args.state_dir,
         slots=args.slots, model_path=args.model_path, policy=args.policy,
-        policy_dir=args.policy_dir, admin_port=args.admin_port,
+        policy_dir=args.policy_dir, admin_port=args.admin_port, join_port=args.join_port,
     )
     return run_stack(stack)
 

@@ -1,6 +1,11 @@
 """``hedgerow up``: control plane, CPU worker and gateway as supervised processes.
 
-Separate processes, as in production. A child that dies is restarted with
+Separate processes, as in production, and as secure: the control plane makes
+its cluster CA and an admin credential in ``STATE/control-plane``; the launcher
+then mints one join token each for the worker and the gateway through the
+admin API (bound to their names, kept in ``STATE/tokens`` with mode 0600), and
+they join with them. No flag and no extra command: internal mutual TLS is the
+default on one machine as on many. A child that dies is restarted with
 exponential backoff; Ctrl-C or SIGTERM stops them all (SIGTERM first, so the
 worker drains and deregisters, then SIGKILL after a grace period).
 """
@@ -20,9 +25,12 @@ import anyio
 import httpx
 from anyio.abc import Process
 
+from hedgerow.trust.pem import KEY_MODE, write_atomically
+
 log = logging.getLogger("hedgerow.up")
 
 READY_TIMEOUT_S = 300.0
+TOKEN_TTL_S = 3600.0  # a child restarted later holds its certificate and needs no token
 STOP_GRACE_S = 40.0  # > the gateway's default drain (30 s) + hypercorn's margin
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 10.0
@@ -43,16 +51,38 @@ class Stack:
     # The control plane's admin API on a port of its own (on loopback: `up`
     # gives it no token); None: on control_plane_port with the rest.
     admin_port: int | None = None
+    join_port: int = 8501
+    worker_id: str = "cpu-local-1"
+    gateway_id: str = "gw-local"
 
     @property
     def control_plane_url(self) -> str:
-        return f"http://{self.host}:{self.control_plane_port}"
+        return f"https://{_bracket(self.host)}:{self.control_plane_port}"
+
+    @property
+    def join_url(self) -> str:
+        return f"https://{_bracket(self.host)}:{self.join_port}"
+
+    @property
+    def control_plane_state(self) -> Path:
+        return self.state_dir / "control-plane"
+
+    @property
+    def admin_identity(self) -> Path:
+        return self.control_plane_state / "admin"
+
+    @property
+    def cluster_ca(self) -> Path:
+        return self.control_plane_state / "ca" / "ca.pem"
+
+    def token_file(self, role: str) -> Path:
+        return self.state_dir / "tokens" / f"{role}.token"
 
     @property
     def admin_url(self) -> str:
         if self.admin_port is None:
             return self.control_plane_url
-        return f"http://127.0.0.1:{self.admin_port}"
+        return f"https://127.0.0.1:{self.admin_port}"
 
     @property
     def gateway_url(self) -> str:
@@ -72,16 +102,20 @@ class Stack:
         # A stable id: a restarted worker replaces its old registry entry at
         # once instead of leaving it to expire.
         worker = base + ["worker", "--control-plane", self.control_plane_url,
-                         "--worker-id", "cpu-local-1",
-                         "--slots", str(self.slots), "--host", self.host]
+                         "--worker-id", self.worker_id,
+                         "--slots", str(self.slots), "--host", self.host,
+                         "--state-dir", str(self.state_dir), *self._join_args("worker")]
         if self.model_path:
             worker += ["--model-path", str(self.model_path)]
         gateway = base + ["gateway", *(a for h in self.gateway_hosts for a in ("--host", h)),
                           "--port", str(self.gateway_port),
                           "--control-plane", self.control_plane_url,
-                          "--state-dir", str(self.state_dir)]
+                          "--gateway-id", self.gateway_id,
+                          "--state-dir", str(self.state_dir), *self._join_args("gateway")]
         control_plane = base + ["control-plane", "--host", self.host,
-                                "--port", str(self.control_plane_port)]
+                                "--port", str(self.control_plane_port),
+                                "--join-port", str(self.join_port),
+                                "--state-dir", str(self.control_plane_state)]
         # The policy lives in the control plane; the gateway follows its versions.
         if self.policy:
             control_plane += ["--policy", str(self.policy)]
@@ -94,6 +128,44 @@ class Stack:
             "worker": worker,
             "gateway": gateway,
         }
+
+    def _join_args(self, role: str) -> list[str]:
+        return ["--join-url", self.join_url, "--join-token-file", str(self.token_file(role)),
+                "--ca-file", str(self.cluster_ca)]
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def bootstrap_trust(stack: Stack) -> None:
+    """Once the control plane is up: a join token each for the worker and the
+    gateway, bound to their names, minted through the admin API (as an operator
+    would with `hedgerow token create`) and left where they read them."""
+    from hedgerow.trust.credentials import Credentials, TlsContexts
+
+    admin = Credentials(stack.admin_identity)
+    with anyio.fail_after(READY_TIMEOUT_S):
+        while not admin.exists():
+            await anyio.sleep(0.1)
+        verify = TlsContexts(admin).client()
+        async with httpx.AsyncClient(base_url=stack.admin_url, verify=verify,
+                                     timeout=5.0) as client:
+            while True:
+                try:
+                    if (await client.get("/healthz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await anyio.sleep(0.1)
+            for role, name in (("worker", stack.worker_id), ("gateway", stack.gateway_id)):
+                reply = await client.post("/v1/tokens", json={
+                    "role": role, "name": name, "ttl_s": TOKEN_TTL_S,
+                    "description": "hedgerow up"})
+                reply.raise_for_status()
+                path = stack.token_file(role)
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                write_atomically(path, reply.json()["token"].encode(), mode=KEY_MODE)
 
 
 class ChildProcess:
@@ -180,10 +252,12 @@ Press Ctrl-C to stop.
 
 
 def _admin_line(stack: Stack) -> str:
+    identity = f"\n  admin credential: {stack.admin_identity}   (mutual TLS; `hedgerow status` " \
+               "and `hedgerow policy` find it there)"
     if stack.admin_port is None:
-        return ""
-    return (f"\n  admin API:        {stack.admin_url}   (for `hedgerow policy` and "
-            f"`hedgerow status`: export HEDGEROW_ADMIN_URL={stack.admin_url})")
+        return identity
+    return identity + (f"\n  admin API:        {stack.admin_url}   (for `hedgerow policy` and "
+                       f"`hedgerow status`: export HEDGEROW_ADMIN_URL={stack.admin_url})")
 
 
 def busy_ports(stack: Stack) -> list[str]:
@@ -192,6 +266,7 @@ def busy_ports(stack: Stack) -> list[str]:
               for kind, what in ((socket.SOCK_STREAM, "gateway TCP"),
                                  (socket.SOCK_DGRAM, "gateway UDP (HTTP/3)"))]
     wanted.append((stack.host, stack.control_plane_port, socket.SOCK_STREAM, "control plane"))
+    wanted.append((stack.host, stack.join_port, socket.SOCK_STREAM, "control plane join"))
     if stack.admin_port is not None:
         wanted.append(("127.0.0.1", stack.admin_port, socket.SOCK_STREAM, "control plane admin"))
     busy: list[str] = []
@@ -223,9 +298,11 @@ def run_stack(stack: Stack) -> int:
     async def main() -> None:
         children = [ChildProcess(name, cmd) for name, cmd in stack.commands().items()]
         async with anyio.create_task_group() as tg:
-            for child in children:
-                tg.start_soon(child.supervise)
+            tg.start_soon(children[0].supervise)  # the control plane, which makes the CA
             try:
+                await bootstrap_trust(stack)
+                for child in children[1:]:
+                    tg.start_soon(child.supervise)
                 await wait_until_ready(stack.gateway_url, ca_cert)
                 print(banner(stack, ca_cert), flush=True)
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

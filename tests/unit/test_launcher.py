@@ -9,7 +9,7 @@ from hedgerow.launcher import Stack, banner, busy_ports
 
 def stack_on(port: int, cp_port: int) -> Stack:
     return Stack(python=sys.executable, host="127.0.0.1", gateway_port=port,
-                 control_plane_port=cp_port, state_dir=Path("state"))
+                 control_plane_port=cp_port, state_dir=Path("state"), join_port=free_port())
 
 
 def free_port() -> int:
@@ -38,6 +38,16 @@ def test_children_and_banner() -> None:
     assert commands["worker"][commands["worker"].index("--worker-id") + 1] == "cpu-local-1"
     text = banner(stack, Path("/x/ca.pem"))
     assert "https://127.0.0.1:8443" in text and "--cacert /x/ca.pem" in text
+    # Internal trust needs no flag: the worker and gateway join with the tokens
+    # `up` mints, trusting the CA the control plane made in its state directory.
+    for role in ("worker", "gateway"):
+        command = commands[role]
+        assert command[command.index("--join-token-file") + 1] == f"state/tokens/{role}.token"
+        assert command[command.index("--ca-file") + 1] == "state/control-plane/ca/ca.pem"
+        assert "--insecure-internal" not in command
+    assert commands["control-plane"][commands["control-plane"].index("--state-dir") + 1] \
+        == "state/control-plane"
+    assert "admin credential: state/control-plane/admin" in text
 
 
 def test_local_gateway_serves_ipv6_loopback_too() -> None:
