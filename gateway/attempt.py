@@ -6,6 +6,9 @@ attempt worth relaying. Everything before that point can still be retried or
 raced by a hedge without the client noticing. A worker's 4xx is the client's
 own mistake and is returned as ``WorkerRejected`` so it reaches the client
 unchanged instead of being retried.
+
+The request URL is rebuilt from the registered URL's parts
+(``hedgerow.endpoints``), never by gluing a path onto what a worker sent.
 """
 
 from __future__ import annotations
@@ -15,15 +18,17 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import anyio
 import orjson
 
 from gateway.upstream import WorkerClient, WorkerResponse
+from hedgerow.endpoints import BadEndpoint, Endpoint, parse_endpoint
 from hedgerow.errors import HedgerowError, UpstreamFailed
 from hedgerow.sse import SseEvent, SseOverflow, SseParser
-from hedgerow.wire import WorkerRecord
+from hedgerow.wire import WorkerRecord, WorkerRegistration
 
 MAX_REJECTION_BYTES = 64 * 1024
 
@@ -88,6 +93,24 @@ def carries_output(event: SseEvent) -> bool:
     return bool(delta.get("content") or choice.get("text") or choice.get("finish_reason"))
 
 
+def request_url(registration: WorkerRegistration, path: str) -> str:
+    """Where to send ``path`` (the gateway's own route) for this worker."""
+    try:
+        return _endpoint(registration.url, registration.external).url_for(path)
+    except BadEndpoint as error:
+        raise UpstreamFailed(f"worker {registration.worker_id} has an unusable URL "
+                             f"{registration.url!r}: {error}",
+                             code="upstream_misconfigured") from None
+
+
+@lru_cache(maxsize=4096)
+def _endpoint(url: str, external: bool) -> Endpoint:
+    # Workers register themselves: held to the strict form (an origin, nothing
+    # more) here too, whatever the registry let through. Only an operator's
+    # external upstream may carry a path prefix or rely on a default port.
+    return parse_endpoint(url, strict=not external)
+
+
 def external_request(worker: WorkerRecord, call: UpstreamCall) -> tuple[bytes, dict[str, str]]:
     """The body and extra headers for ``worker``: an external upstream may know the
     model by another name, and may want a bearer key that this gateway reads from
@@ -141,7 +164,7 @@ async def _open_until_first_token(
     workers: WorkerClient, worker: WorkerRecord, call: UpstreamCall, hedged: bool, started: float,
 ) -> Attempt:
     worker_id = worker.registration.worker_id
-    url = worker.registration.url.rstrip("/") + call.path
+    url = request_url(worker.registration, call.path)
     body, headers = external_request(worker, call)
     response = await workers.open_stream(worker_id, url, body, call.request_id, headers)
     try:

@@ -23,7 +23,7 @@ from anyio.abc import TaskStatus
 
 from hedgerow.actors import Supervisor
 from hedgerow.serving import serve_internal
-from hedgerow.wire import WorkerLoad, WorkerRegistration
+from hedgerow.wire import SelfRegistration, WorkerLoad
 from workers.app import WorkerApp, WorkerState
 from workers.backend import Backend
 from workers.heartbeat import DeregisterNow, HeartbeatActor
@@ -135,9 +135,9 @@ async def run_worker(
         port = await tg.start(serve_internal, app, options.host, options.port, server_stop)
         await warm_up(backend, options.warm_up)
         state.ready = True
-        registration = WorkerRegistration(
+        registration = SelfRegistration(
             worker_id=worker_id,
-            url=f"http://{options.advertise_host or options.host}:{port}",
+            url=_url_of(options.advertise_host or options.host, port),
             kind=backend.kind,  # type: ignore[arg-type]
             device=backend.device,
             device_memory_bytes=backend.device_memory_bytes,
@@ -156,6 +156,11 @@ async def run_worker(
             await shutdown.wait()
             await _drain(options, backend, state, link)
         server_stop.set()
+
+
+def _url_of(host: str, port: int) -> str:
+    """The URL to register: an IPv6 address goes in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 async def warm_up(backend: Backend, enabled: bool = True) -> None:

@@ -7,7 +7,7 @@ is recorded as a ``WorkerCall``: when it arrived, and whether the gateway hung
 up before the worker was done (cancellation reached the worker), whether the
 wait was for the response headers or in the middle of the token stream.
 
-Worker ``w`` lives at ``http://w.worker.test``; ``record(...)`` builds its
+Worker ``w`` lives at ``http://w.worker.test:8000``; ``record(...)`` builds its
 registry entry.
 """
 
@@ -55,7 +55,7 @@ class WorkerCall:
 
 
 def url_of(worker_id: str) -> str:
-    return f"http://{worker_id}.worker.test"
+    return f"http://{worker_id}.worker.test:8000"
 
 
 def record(worker_id: str, *, model: str, slots: int = 4, kind: WorkerKind = "cpu",
