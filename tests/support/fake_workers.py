@@ -37,6 +37,7 @@ class Behaviour:
     tokens: tuple[str, ...] = ("Hello", ",", " world")
     refuse_connection: bool = False  # the handler raises ConnectFailed
     status: int = 200  # 4xx: an OpenAI error body; 5xx: a server error
+    body: bytes | None = None  # the whole answer instead (any status): a body of our choosing
     break_after_tokens: int | None = None  # ConnectionBroken after this many content chunks
     end_after_tokens: int | None = None  # a clean end (no finish, no [DONE]) after this many
     garbage_after_tokens: int | None = None  # ``garbage`` after this many content chunks
@@ -128,6 +129,8 @@ class FakeWorkers:
         except anyio.get_cancelled_exc_class():
             call.hung_up = True
             raise
+        if behaviour.body is not None:
+            return MockReply(behaviour.status, {"content-type": "text/plain"}, behaviour.body)
         if behaviour.status != 200:
             return _error_response(behaviour.status)
         headers = {"content-type": "text/event-stream", "x-request-id": call.request_id}

@@ -150,6 +150,8 @@ def test_the_gateway_refuses_a_worker_record_that_is_not_an_origin(url: str) -> 
     with pytest.raises(UpstreamFailed) as caught:
         request_url(record(url), PATH)
     assert caught.value.code == "upstream_misconfigured"
+    assert "10.0.0.7" not in str(caught.value.envelope())  # and says so in the log only
+    assert "10.0.0.7" in caught.value.detail
 
 
 def test_the_gateway_calls_the_registered_origin_and_its_own_path() -> None:
