@@ -23,6 +23,7 @@ from gateway.worker_http import HttpPool
 from hedgerow.endpoints import BadEndpoint, parse_endpoint
 from hedgerow.errors import InvalidRequest, UpstreamFailed
 from hedgerow.wire import SelfRegistration, WorkerRegistration
+from workers.main import _url_of
 
 PATH = "/v1/chat/completions"
 GOOD = {"worker_id": "cpu-host-1a2b3c", "url": "http://10.0.0.7:8081", "kind": "cpu",
@@ -183,3 +184,10 @@ def test_any_accepted_url_leads_to_its_own_host_and_the_gateways_path(tail: str,
 def test_the_pool_itself_refuses_a_url_that_could_pick_its_request_line(url: str) -> None:
     with pytest.raises(ConnectFailed):
         HttpPool()._target(url)
+
+
+@pytest.mark.parametrize(("host", "url"), [("10.0.0.7", "http://10.0.0.7:9000"),
+                                           ("fd00::7", "http://[fd00::7]:9000")])
+def test_a_worker_advertises_a_url_its_registration_accepts(host: str, url: str) -> None:
+    advertised = _url_of(host, 9000)
+    assert SelfRegistration.model_validate({**GOOD, "url": advertised}).url == url
