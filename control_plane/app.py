@@ -147,12 +147,12 @@ class ControlPlaneApp:
             await self.registry.ask(Deregister(identity.name), timeout=ASK_TIMEOUT_S)
 
     async def register(self, request: Request) -> None:
-        registration = await _parse(request, WorkerRegistration)
+        registration = await _parse(request, SelfRegistration, "worker registration")
         self._own_worker(registration.worker_id)
         if self.trust is not None and not registration.url.startswith("https://"):
             raise InvalidRequest("a worker's url must be https:// (gateways call workers "
                                  "over mutual TLS)", code="invalid_worker_url")
-        await self.registry.ask(Register(registration), timeout=ASK_TIMEOUT_S)
+        await self.registry.ask(Register(registration.record()), timeout=ASK_TIMEOUT_S)
         reply = RegisterReply(
             worker_id=registration.worker_id,
             lease_s=self.lease_s,
@@ -161,7 +161,7 @@ class ControlPlaneApp:
         await send_json(request.send, 201, reply.model_dump(mode="json"))
 
     async def heartbeat(self, request: Request) -> None:
-        beat = await _parse(request, Heartbeat)
+        beat = await _parse(request, Heartbeat, "heartbeat")
         worker_id = request.path_params["worker_id"]
         self._own_worker(worker_id)
         await self.registry.ask(Beat(worker_id, beat.load), timeout=ASK_TIMEOUT_S)
@@ -201,11 +201,24 @@ class ControlPlaneApp:
                 yield b": keep-alive\n\n"
 
 
-async def _parse(request: Request, model: type[M]) -> M:
+async def _parse(request: Request, model: type[M], what: str) -> M:
     body = await request.body(MAX_BODY)
     try:
         return model.model_validate(orjson.loads(body))
     except orjson.JSONDecodeError as error:
         raise InvalidRequest(f"body is not valid JSON: {error}") from None
     except ValidationError as error:
-        raise InvalidRequest(f"invalid {model.__name__}: {error.errors()[0]['msg']}") from None
+        raise _invalid(what, error) from None
+
+
+def _invalid(what: str, error: ValidationError) -> InvalidRequest:
+    """A 400 that names the first offending field and says what is wrong with it."""
+    first = error.errors(include_url=False)[0]
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, AdminOnlyField):
+        return InvalidRequest(f"invalid {what}: {cause}", param=cause.field,
+                              code="field_not_allowed")
+    field = ".".join(str(part) for part in first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return InvalidRequest(f"invalid {what}: {field + ': ' if field else ''}{message}",
+                          param=field or None)

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import orjson
 
-from gateway.attempt import UpstreamCall, WorkerRejected
+from gateway.attempt import UpstreamCall
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics, status_of
@@ -386,8 +386,7 @@ class GatewayApp:
         await stream.wait_open()
         request_id = request_id or stream.request_id
         if stream.refusal is not None:
-            await _answer_refusal(request, stream.refusal.error, request_id, observed)
-            return
+            raise stream.refusal.error
         if not stream.started:
             raise UpstreamFailed("the generation stopped before its first token",
                                  code="stream_cancelled")
@@ -413,13 +412,11 @@ class GatewayApp:
         await flight.done.wait()
         stream, outcome, ticket = flight.stream, flight.outcome, wanted.ticket
         if stream.refusal is not None:
-            await _answer_refusal(request, stream.refusal.error, ticket.request_id,
-                                  wanted.observed)
-            return
+            raise stream.refusal.error
         if outcome is None or outcome.failed or not outcome.complete:
-            raise UpstreamFailed(
-                (outcome.error_message if outcome else "") or "the worker failed mid-answer",
-                code=(outcome.error_code if outcome else "") or "upstream_error")
+            # The generation logged the worker's detail; the client gets the public message.
+            raise UpstreamFailed("the generation failed after its first token",
+                                 code=(outcome.error_code if outcome else "") or "upstream_error")
         if stream.hedged and ticket.request_id == stream.request_id:
             self.metrics.hedge_won()
         body = completion_body(ticket.request_id, ticket.model, outcome, wanted.chat)
@@ -591,23 +588,6 @@ async def _end_cut_request(request: Request, in_flight: InFlight) -> None:
     await request.send({"type": "http.response.body", "body": sse_event(event),
                         "more_body": True})
     await request.send({"type": "http.response.body", "body": b""})
-
-
-async def _answer_refusal(request: Request, error: BaseException, request_id: str,
-                         observed: RequestMetrics | None) -> None:
-    """A generation that never started: the worker's own 4xx passed through, or our error."""
-    if not isinstance(error, WorkerRejected):
-        raise error
-    if observed is not None:
-        observed.responded(error.status)
-    await _send_rejection(request, error, request_id)
-
-
-async def _send_rejection(request: Request, rejected: WorkerRejected, request_id: str) -> None:
-    headers = [(b"content-type", rejected.content_type.encode()),
-               (b"x-request-id", request_id.encode())]
-    await send_bytes(request.send, rejected.status, rejected.body, headers[1:],
-                     content_type=rejected.content_type.encode())
 
 
 def _require_json(request: Request) -> None:

@@ -3,9 +3,14 @@
 ``start_attempt`` opens the worker's stream and reads SSE events until the
 first one that carries output (a token, or the finish); only then is the
 attempt worth relaying. Everything before that point can still be retried or
-raced by a hedge without the client noticing. A worker's 4xx is the client's
-own mistake and is returned as ``WorkerRejected`` so it reaches the client
-unchanged instead of being retried.
+raced by a hedge without the client noticing. A worker's 400, 413 or 422
+(``UpstreamRejected``: the client's own mistake) is not retried; any other
+non-200 answer, an error event or an event that is no completion chunk fails
+the attempt (``UpstreamFailed``), so it is retried on another worker. None of
+them carries the worker's own words to the client (``gateway.upstream``).
+
+The request URL is rebuilt from the registered URL's parts
+(``hedgerow.endpoints``), never by gluing a path onto what a worker sent.
 """
 
 from __future__ import annotations
@@ -15,27 +20,19 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import anyio
 import orjson
 
 from gateway.upstream import WorkerClient, WorkerResponse
-from hedgerow.errors import HedgerowError, UpstreamFailed
+from hedgerow.endpoints import BadEndpoint, Endpoint, parse_endpoint
+from hedgerow.errors import UpstreamFailed
 from hedgerow.sse import SseEvent, SseOverflow, SseParser
-from hedgerow.wire import WorkerRecord
+from hedgerow.wire import WorkerRecord, WorkerRegistration
 
-MAX_REJECTION_BYTES = 64 * 1024
-
-
-class WorkerRejected(HedgerowError):
-    """The worker refused the request as invalid (4xx): pass it through."""
-
-    def __init__(self, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(f"worker rejected the request with {status}")
-        self.status = status
-        self.body = body
-        self.content_type = content_type
+MAX_DETAIL_CHARS = 512  # of a bad event, kept for the log
 
 
 @dataclass(frozen=True)
@@ -73,19 +70,60 @@ class Attempt:
         await self.response.aclose()
 
 
-def carries_output(event: SseEvent) -> bool:
-    """True for a token, a finish, an error or the end: anything but a bare role chunk."""
+def upstream_chunk(event: SseEvent) -> dict[str, Any] | None:
+    """The completion chunk a worker event carries (None for ``[DONE]``).
+
+    UpstreamFailed for anything else: an error event (``{"error": ...}``), an
+    event that is not JSON, or a JSON object that is no chunk — an upstream's
+    own words never reach a client; the detail goes to the log.
+    """
     if event.data == "[DONE]":
-        return True
+        return None
+    excerpt = event.data[:MAX_DETAIL_CHARS]
     try:
         chunk: Any = orjson.loads(event.data)
     except orjson.JSONDecodeError:
-        return True
-    if "error" in chunk or not chunk.get("choices"):
+        chunk = None
+    if not isinstance(chunk, dict):
+        raise UpstreamFailed(f"sent an event that is not a JSON object: {excerpt!r}",
+                             code="upstream_malformed")
+    if "error" in chunk:
+        raise UpstreamFailed(f"sent an error event: {excerpt!r}", code="upstream_error")
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not (choices or chunk.get("usage")):
+        raise UpstreamFailed(f"sent an event that is not a completion chunk: {excerpt!r}",
+                             code="upstream_malformed")
+    if choices and not isinstance(choices[0], dict):
+        raise UpstreamFailed(f"sent a chunk with a malformed choice: {excerpt!r}",
+                             code="upstream_malformed")
+    return chunk
+
+
+def carries_output(chunk: dict[str, Any] | None) -> bool:
+    """True for a token, a finish or the end (None): anything but a bare role chunk."""
+    if chunk is None or not chunk.get("choices"):
         return True
     choice = chunk["choices"][0]
     delta = choice.get("delta") or {}
     return bool(delta.get("content") or choice.get("text") or choice.get("finish_reason"))
+
+
+def request_url(registration: WorkerRegistration, path: str) -> str:
+    """Where to send ``path`` (the gateway's own route) for this worker."""
+    try:
+        return _endpoint(registration.url, registration.external).url_for(path)
+    except BadEndpoint as error:
+        raise UpstreamFailed(f"worker {registration.worker_id} has an unusable URL "
+                             f"{registration.url!r}: {error}",
+                             code="upstream_misconfigured") from None
+
+
+@lru_cache(maxsize=4096)
+def _endpoint(url: str, external: bool) -> Endpoint:
+    # Workers register themselves: held to the strict form (an origin, nothing
+    # more) here too, whatever the registry let through. Only an operator's
+    # external upstream may carry a path prefix or rely on a default port.
+    return parse_endpoint(url, strict=not external)
 
 
 def external_request(worker: WorkerRecord, call: UpstreamCall) -> tuple[bytes, dict[str, str]]:
@@ -102,7 +140,7 @@ def external_request(worker: WorkerRecord, call: UpstreamCall) -> tuple[bytes, d
     if registration.api_key_env is None:
         return body, {}
     key = os.environ.get(registration.api_key_env)
-    if not key:
+    if not key:  # the variable's name is for the operator's log, not the client
         raise UpstreamFailed(f"worker {registration.worker_id} needs a key in "
                              f"${registration.api_key_env}, which this gateway lacks",
                              code="upstream_key_missing")
@@ -141,19 +179,15 @@ async def _open_until_first_token(
     workers: WorkerClient, worker: WorkerRecord, call: UpstreamCall, hedged: bool, started: float,
 ) -> Attempt:
     worker_id = worker.registration.worker_id
-    url = worker.registration.url.rstrip("/") + call.path
+    url = request_url(worker.registration, call.path)
     body, headers = external_request(worker, call)
     response = await workers.open_stream(worker_id, url, body, call.request_id, headers,
                                          internal=not worker.registration.external)
     try:
-        if response.status != 200:
-            body = await WorkerClient.read_all(worker_id, response, MAX_REJECTION_BYTES)
-            raise WorkerRejected(response.status, body,
-                                 response.headers.get("content-type", "application/json"))
         attempt = Attempt(worker, hedged, response, upstream_events(worker_id, response))
         async for event in attempt.events:
             attempt.first.append(event)
-            if carries_output(event):
+            if carries_output(upstream_chunk(event)):
                 attempt.first_token_at = time.monotonic()
                 attempt.ttft_s = attempt.first_token_at - started
                 return attempt

@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream as Receiver
 from anyio.streams.memory import MemoryObjectSendStream as Sender
 
-from gateway.attempt import Attempt, UpstreamCall, WorkerRejected, start_attempt
+from gateway.attempt import Attempt, UpstreamCall, start_attempt
 from gateway.tickets import (
     AttemptDone,
     FirstToken,
@@ -37,7 +37,7 @@ from gateway.tickets import (
 )
 from gateway.upstream import WorkerClient
 from hedgerow.actors import ActorRef
-from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed
+from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed, UpstreamRejected
 from hedgerow.wire import WorkerRecord
 from policies.schema import Policy
 
@@ -112,7 +112,7 @@ class Dispatcher:
                     race.winner = result
                     break
                 race.errors.append(result)
-                if isinstance(result, WorkerRejected):
+                if isinstance(result, UpstreamRejected):
                     break
                 if race.running == 0:
                     await self._retry(tg, race, send)
@@ -133,12 +133,15 @@ class Dispatcher:
             try:
                 attempt = await start_attempt(self.workers, worker, race.call, hedged=hedged,
                                               ttft_timeout_s=ttft_timeout)
-            except WorkerRejected as rejected:
+            except UpstreamRejected as rejected:  # the client's mistake: not the worker's
+                log.info("request %s: worker %s refused it: %s", race.ticket.request_id,
+                         worker_id, rejected.detail)
                 await self.report(worker_id, "abandoned")
                 await send.send(rejected)
                 return
-            except UpstreamFailed as failed:
-                log.warning("request %s: %s", race.ticket.request_id, failed.message)
+            except UpstreamFailed as failed:  # the detail is for operators only
+                log.warning("request %s: worker %s failed: %s", race.ticket.request_id,
+                            worker_id, failed.detail)
                 await self.report(worker_id, "failure")
                 await send.send(failed)
                 return
@@ -233,9 +236,10 @@ def _present(attempt: Attempt | None) -> list[AttemptResult]:
 
 def _final_error(errors: list[HedgerowError]) -> HedgerowError:
     for error in errors:
-        if isinstance(error, WorkerRejected):
+        if isinstance(error, UpstreamRejected):
             return error
     if errors and isinstance(errors[-1], NoHealthyWorker):  # shed while queued for a retry
         return errors[-1]
+    # Public messages only: an UpstreamFailed's names no worker and no address.
     detail = errors[-1].message if errors else "no worker could be reached"
     return NoHealthyWorker(f"no worker could serve the request: {detail}", retry_after=1)

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
-import orjson
 
-from gateway.attempt import Attempt, UpstreamCall, WorkerRejected
+from gateway.attempt import Attempt, UpstreamCall, upstream_chunk
 from gateway.dispatch import Dispatcher
 from gateway.relay import RelayOutcome, observe_chunk
 from gateway.stream_log import EventKind, StreamLog
@@ -72,9 +71,6 @@ class Generation:
             admitted = True
             try:
                 attempt = await self.dispatcher.first_token(self.ticket, self.call)
-            except WorkerRejected as rejected:
-                self.stream.refuse(rejected)
-                return outcome
             except Exception as error:  # before the first token: an HTTP error
                 self.stream.refuse(error)
                 return outcome
@@ -95,13 +91,13 @@ class Generation:
                 self._append(event, outcome, attempt.first_token_at)
             async for event in attempt.events:
                 self._append(event, outcome, time.monotonic())
-        except UpstreamFailed as error:
-            log.warning("stream from %s failed mid-way: %s", attempt.worker_id, error)
+            if not outcome.complete:
+                raise UpstreamFailed("ended the stream before it was complete",
+                                     code="upstream_truncated")
+        except UpstreamFailed as error:  # the client reads the public message only
+            log.warning("request %s: stream from worker %s failed mid-way: %s",
+                        self.ticket.request_id, attempt.worker_id, error.detail)
             self._fail(outcome, error.message, error.code)
-            return
-        if not outcome.complete and not outcome.failed:
-            self._fail(outcome, f"worker {attempt.worker_id} ended the stream before it "
-                       "was complete", "upstream_truncated")
 
     def _append(self, event: SseEvent, outcome: RelayOutcome, received: float) -> None:
         self.stream.append(classify(event, outcome), event.raw, received)
@@ -132,23 +128,12 @@ class Generation:
 
 def classify(event: SseEvent, outcome: RelayOutcome) -> EventKind:
     """What one worker event is, noting usage, text and the end in ``outcome``;
-    UpstreamFailed for an event that is not a JSON object."""
-    if event.data == "[DONE]":
+    UpstreamFailed for an error event or one that is no completion chunk
+    (``gateway.attempt.upstream_chunk``): the gateway writes its own error event."""
+    chunk = upstream_chunk(event)
+    if chunk is None:
         outcome.complete = True
         return "done"
-    try:
-        chunk = orjson.loads(event.data)
-    except orjson.JSONDecodeError:
-        chunk = None
-    if not isinstance(chunk, dict):
-        raise UpstreamFailed("the worker sent an event that is not a JSON object",
-                             code="upstream_malformed")
-    if "error" in chunk:
-        error = chunk["error"] if isinstance(chunk["error"], dict) else {}
-        outcome.failed = True
-        outcome.error_message = str(error.get("message", "worker error"))
-        outcome.error_code = str(error.get("code") or "upstream_error")
-        return "error"
     pieces = outcome.pieces
     if observe_chunk(outcome, chunk):
         return "usage"

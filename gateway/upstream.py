@@ -1,10 +1,12 @@
 """Talking to workers: one pooled HTTP client, errors mapped once.
 
 ``open_stream`` sends a request and returns the response with its body not yet
-read, so tokens can be relayed as they arrive. Transport failures and 5xx
-answers become ``UpstreamFailed`` (retryable on another worker, since nothing
-reached the client yet); a worker's 4xx is the client's own mistake and is
-passed through unchanged.
+read, so tokens can be relayed as they arrive. Any answer but a 200 is mapped
+here, once (``reply_error``): a 400, 413 or 422 means the client's request was
+bad (``UpstreamRejected``, a 400 with a generic message, not retried); every
+other status, and every transport failure, is ``UpstreamFailed`` (retryable on
+another worker, since nothing reached the client yet). Neither carries the
+upstream's body or address to the client: those go to the log, in ``detail``.
 
 The transport is ``gateway.worker_http.HttpPool`` (a lean HTTP/1.1 client: this
 is the gateway's hot path) or its in-memory twin ``gateway.worker_mock.MockTransport``.
@@ -18,7 +20,7 @@ from typing import Protocol
 
 from gateway.http1 import HttpError, HttpTimeout, ProtocolError
 from gateway.worker_http import HttpPool, PoolLimits
-from hedgerow.errors import UpstreamFailed
+from hedgerow.errors import HedgerowError, UpstreamFailed, UpstreamRejected
 from hedgerow.trust.credentials import TlsContexts
 from hedgerow.trust.identity import Identity, IdentityError
 from policies.schema import Timeouts
@@ -29,6 +31,9 @@ WRITE_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 1024  # per worker
 MAX_IDLE_CONNECTIONS = 256  # per worker: enough for a busy worker's slots
 MAX_BODY_BYTES = 1024 * 1024  # read_all's default cap
+MAX_DETAIL_BYTES = 512  # of an error answer's body, kept for the log
+# The statuses by which an upstream says the request itself is bad.
+CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
 
 
 class WorkerResponse(Protocol):
@@ -74,6 +79,15 @@ def worker_uri(worker_id: str) -> str:
         return "spiffe://hedgerow/worker/-invalid-"  # matches no certificate
 
 
+def reply_error(worker_id: str, status: int, body: bytes) -> HedgerowError:
+    """The error for a worker's non-200 answer (``body``: its first bytes, for the log)."""
+    detail = f"worker {worker_id} answered {status}: {body[:MAX_DETAIL_BYTES]!r}"
+    if status in CLIENT_FAULT_STATUSES:
+        return UpstreamRejected(detail)
+    code = "upstream_malformed" if 200 <= status < 300 else "upstream_error"
+    return UpstreamFailed(detail, code=code)
+
+
 class WorkerClient:
     def __init__(self, timeouts: Timeouts | None = None,
                  transport: WorkerTransport | None = None,
@@ -101,11 +115,15 @@ class WorkerClient:
         with map_upstream_errors(worker_id):
             peer = worker_uri(worker_id) if internal and url.startswith("https:") else ""
             response = await self._transport.request("POST", url, headers, body, peer=peer)
-        if response.status >= 500:
-            await response.aclose()
-            raise UpstreamFailed(
-                f"worker {worker_id} answered {response.status}", code="upstream_error"
-            )
+        if response.status != 200:
+            try:
+                with map_upstream_errors(worker_id):
+                    answer = await response.read_all(MAX_DETAIL_BYTES)
+            except UpstreamFailed as failed:  # the status alone says enough
+                answer = f"(its body unreadable: {failed.detail})".encode()
+            finally:
+                await response.aclose()
+            raise reply_error(worker_id, response.status, answer)
         return response
 
     @staticmethod

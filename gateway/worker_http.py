@@ -271,11 +271,22 @@ class HttpPool:
     def _target(self, url: str) -> tuple[Origin, bytes]:
         known = self._targets.get(url)
         if known is None:
-            parts = urlsplit(url)
+            try:
+                parts = urlsplit(url)
+            except ValueError:
+                raise ConnectFailed(f"not a URL: {url!r}") from None
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ConnectFailed(f"not an http(s) URL: {url!r}")
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            host = parts.netloc.rpartition("@")[2]
+            # Whatever builds the URL, it may not pick another request line, another
+            # header, or a host other than the one connected to.
+            if (not url.isascii() or any(c <= " " or c == "\x7f" for c in url)
+                    or "@" in parts.netloc or "#" in url):
+                raise ConnectFailed(f"not a plain http(s) URL: {url!r}")
+            try:
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+            except ValueError:
+                raise ConnectFailed(f"not a valid port in {url!r}") from None
+            host = parts.netloc
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             prefix = f" {path} HTTP/1.1\r\nhost: {host}\r\n".encode("latin-1")
             known = ((parts.scheme, parts.hostname, port, ""), prefix)

@@ -14,6 +14,8 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │   ├── StreamGone                  410  code=stream_gone
     │   ├── PolicyError                 400  code=invalid_policy (policies.schema;
     │   │                                    carries file:line:column issues)
+    │   ├── UpstreamRejected            400  code=upstream_rejected_request (a
+    │   │                                    worker's 400/413/422; generic message)
     │   ├── MethodNotAllowed            405
     │   ├── RequestTimeout              408  code=request_timeout (HTTP/1.1:
     │   │                                    Connection: close)
@@ -26,7 +28,8 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     ├── RateLimited                     429 rate_limit_exceeded (Retry-After)
     ├── NoHealthyWorker                 503 service_unavailable (Retry-After)
     ├── GatewayDraining                 503 service_unavailable (Retry-After)
-    ├── UpstreamFailed                  502 upstream_error
+    ├── UpstreamFailed                  502 upstream_error (message fixed per code;
+    │                                        the worker's detail is for the log only)
     └── RuntimeFault                    500 server_error
         ├── ActorDead
         ├── AskTimeout
@@ -114,6 +117,19 @@ class StreamGone(InvalidRequest):
     default_code = "stream_gone"
 
 
+class UpstreamRejected(InvalidRequest):
+    """A worker or external upstream refused the request as invalid (400, 413, 422):
+    the client's mistake, so not retried elsewhere. What the upstream said stays in
+    ``detail`` (for the log): its body may name hosts, keys or its own internals."""
+
+    default_code = "upstream_rejected_request"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("the model server refused the request as invalid; check its "
+                         "parameters (max_tokens against the model's context, for example)")
+        self.detail = detail
+
+
 class MethodNotAllowed(InvalidRequest):
     status = 405
     default_code = "method_not_allowed"
@@ -196,9 +212,35 @@ class SharedStateUnavailable(HedgerowError):
 
 
 class UpstreamFailed(HedgerowError):
+    """A worker or external upstream failed (unreachable, slow, an error status,
+    a malformed or truncated stream). What a client reads is fixed by ``code``
+    (``PUBLIC_MESSAGES``): never a worker's id, address, env var or words.
+    ``detail`` says what happened, for the operators' log."""
+
     status = 502
     error_type = "upstream_error"
     default_code = "upstream_failed"
+
+    def __init__(self, detail: str, *, code: str | None = None,
+                 retry_after: float | None = None) -> None:
+        code = code or self.default_code
+        public = PUBLIC_MESSAGES.get(code, PUBLIC_MESSAGES[self.default_code])
+        super().__init__(public, code=code, retry_after=retry_after)
+        self.detail = detail
+
+
+PUBLIC_MESSAGES = {
+    "upstream_failed": "the model server failed",
+    "upstream_error": "the model server answered with an error",
+    "upstream_unreachable": "the model server could not be reached",
+    "upstream_timeout": "the model server timed out",
+    "ttft_timeout": "the model server sent no token in time",
+    "upstream_malformed": "the model server sent a malformed response",
+    "upstream_truncated": "the model server ended the answer before it was complete",
+    "upstream_misconfigured": "the gateway is not configured to reach the model server",
+    "upstream_key_missing": "the gateway is not configured to reach the model server",
+    "stream_cancelled": "the generation stopped before it was complete",
+}
 
 
 class RuntimeFault(HedgerowError):

@@ -7,11 +7,20 @@ policy versions of the control plane's admin API.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from hedgerow.endpoints import normalized
 
 WorkerKind = Literal["cpu", "gpu", "sim"]
+# Worker ids appear in URL paths (/v1/workers/{id}) and in a response header.
+WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+# Registry fields only an operator sets (the policy's ``upstreams:`` or the
+# admin API's POST /v1/upstreams), never a worker registering itself:
+# ``api_key_env`` makes every gateway send that env var's value as a bearer
+# token to the registered URL.
+ADMIN_ONLY_FIELDS: dict[str, Any] = {"external": False, "model_map": {}, "api_key_env": None}
 
 
 class WireModel(BaseModel):
@@ -26,6 +35,10 @@ class WorkerLoad(WireModel):
 
 
 class WorkerRegistration(WireModel):
+    """The registry's record of a worker or an external upstream, as gateways
+    see it. Workers send a ``SelfRegistration``; only the control plane's
+    upstream prober writes the operator's fields (external, model_map, api_key_env)."""
+
     worker_id: str = Field(min_length=1, max_length=128)
     url: str = Field(min_length=1, max_length=512)
     kind: WorkerKind
@@ -45,6 +58,50 @@ class WorkerRegistration(WireModel):
     def upstream_model(self, model: str) -> str:
         """The name to send upstream for a model clients call ``model``."""
         return self.model_map.get(model, model)
+
+
+class AdminOnlyField(ValueError):
+    """A self-registration tried to set a field only an operator may set."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__(f"{field} cannot be set by a worker registration; external "
+                         "upstreams are declared in the policy (upstreams:) or through the "
+                         "admin API (POST /v1/upstreams)")
+        self.field = field
+
+
+class SelfRegistration(WireModel):
+    """What a worker sends to register itself (``POST /v1/workers``): the
+    registry record less the operator's fields, its URL checked strictly
+    (``hedgerow.endpoints``: http(s)://HOST:PORT and nothing more)."""
+
+    worker_id: str = Field(min_length=1, max_length=128, pattern=WORKER_ID_PATTERN)
+    url: Annotated[str, AfterValidator(normalized)]
+    kind: WorkerKind
+    device: str | None = Field(None, max_length=256)
+    device_memory_bytes: int | None = Field(None, ge=0)
+    models: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(
+        min_length=1, max_length=64)
+    slots: int = Field(ge=1, le=1024)
+    labels: dict[Annotated[str, Field(min_length=1, max_length=64)],
+                 Annotated[str, Field(max_length=256)]] = Field(default_factory=dict,
+                                                                max_length=32)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_admin_fields(cls, data: Any) -> Any:
+        """Refuse the operator's fields by name; their defaults, which grant nothing,
+        are dropped (a worker of an earlier release still sends them)."""
+        if not isinstance(data, dict):
+            return data
+        for name, default in ADMIN_ONLY_FIELDS.items():
+            if name in data and data[name] != default:
+                raise AdminOnlyField(name)
+        return {k: v for k, v in data.items() if k not in ADMIN_ONLY_FIELDS}
+
+    def record(self) -> WorkerRegistration:
+        """The registry's record of this worker: never an external upstream."""
+        return WorkerRegistration(**self.model_dump())
 
 
 class Heartbeat(WireModel):

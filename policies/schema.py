@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from hedgerow.endpoints import parse_endpoint
 from hedgerow.errors import InvalidRequest
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("default.yaml")
@@ -335,8 +336,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _http_url(value: str) -> str:
-    if not value.startswith(("http://", "https://")) or len(value) > 512:
-        raise ValueError("must be an http:// or https:// URL (at most 512 characters)")
+    # The parser the gateway builds request URLs with: what passes here, it can call.
+    parse_endpoint(value, strict=False)
     return value.rstrip("/")
 
 

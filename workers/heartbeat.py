@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from hedgerow.actors import Actor
-from hedgerow.wire import Heartbeat, WorkerLoad, WorkerRegistration
+from hedgerow.wire import Heartbeat, SelfRegistration, WorkerLoad
 
 log = logging.getLogger("hedgerow.worker.heartbeat")
 
@@ -35,7 +35,7 @@ class HeartbeatActor(Actor):
     def __init__(
         self,
         control_plane_url: str,
-        registration: WorkerRegistration,
+        registration: SelfRegistration,
         current_load: Callable[[], WorkerLoad],
         *,
         verify: ssl.SSLContext | bool = True,

@@ -27,7 +27,7 @@ from hedgerow.actors import Supervisor
 from hedgerow.serving import serve_internal
 from hedgerow.trust.peer import require_roles
 from hedgerow.trust.process import InternalTls
-from hedgerow.wire import WorkerLoad, WorkerRegistration
+from hedgerow.wire import SelfRegistration, WorkerLoad
 from workers.app import WorkerApp, WorkerState
 from workers.backend import Backend
 from workers.heartbeat import DeregisterNow, HeartbeatActor
@@ -150,9 +150,9 @@ async def run_worker(
             tg.start_soon(run_in_scope, renewing, renewer.run)
         await warm_up(backend, options.warm_up)
         state.ready = True
-        registration = WorkerRegistration(
+        registration = SelfRegistration(
             worker_id=worker_id,
-            url=f"{tls.scheme}://{_bracket(options.advertise_host or options.host)}:{port}",
+            url=_url_of(tls.scheme, options.advertise_host or options.host, port),
             kind=backend.kind,  # type: ignore[arg-type]
             device=backend.device,
             device_memory_bytes=backend.device_memory_bytes,
@@ -184,8 +184,9 @@ def default_worker_id(backend: Backend) -> str:
     return f"{backend.kind}-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
 
 
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
+def _url_of(scheme: str, host: str, port: int) -> str:
+    """The URL to register: an IPv6 address goes in brackets."""
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 async def warm_up(backend: Backend, enabled: bool = True) -> None:

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from anyio.abc import TaskGroup
 
-from gateway.attempt import Attempt, UpstreamCall, WorkerRejected
+from gateway.attempt import Attempt, UpstreamCall
 from gateway.dispatch import Dispatcher
 from gateway.generation import Generation
 from gateway.relay import RelayOutcome, follow_log
@@ -37,7 +37,7 @@ from gateway.tickets import Stats, Submit, Ticket, TicketDone, Withdraw
 from gateway.upstream import WorkerClient
 from hedgerow.actors import ActorRef, Supervisor
 from hedgerow.asgi import Message, Request
-from hedgerow.errors import NoHealthyWorker
+from hedgerow.errors import NoHealthyWorker, UpstreamRejected
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerRecord
 from policies.admission import Refused
@@ -533,14 +533,14 @@ async def test_client_gone_while_its_retry_is_queued_withdraws_it() -> None:
         assert [c.worker_id for c in rig.workers.calls_for(gone.request_id)] == ["b"]
 
 
-async def test_worker_400_is_passed_through_not_retried() -> None:
+async def test_worker_400_is_a_generic_400_not_retried() -> None:
     policy = make_policy(breaker={"failures_to_open": 1})
     async with running(policy, {"a": Behaviour(status=400), "b": Behaviour()}) as rig:
         served = await rig.serve(rig.ticket())
-        assert isinstance(served.error, WorkerRejected)
+        assert isinstance(served.error, UpstreamRejected)
         assert served.error.status == 400
-        assert orjson.loads(served.error.body)["error"]["param"] == "max_tokens"
-        assert served.error.content_type.startswith("application/json")
+        assert "max_tokens is too large" in served.error.detail  # logged, not sent
+        assert "max_tokens is too large" not in served.error.message
         assert rig.workers.calls_to("b") == []
         stats = await eventually_idle(rig)
         assert "retries" not in stats["counters"]

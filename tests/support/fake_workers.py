@@ -7,7 +7,7 @@ is recorded as a ``WorkerCall``: when it arrived, and whether the gateway hung
 up before the worker was done (cancellation reached the worker), whether the
 wait was for the response headers or in the middle of the token stream.
 
-Worker ``w`` lives at ``http://w.worker.test``; ``record(...)`` builds its
+Worker ``w`` lives at ``http://w.worker.test:8000``; ``record(...)`` builds its
 registry entry.
 """
 
@@ -37,6 +37,7 @@ class Behaviour:
     tokens: tuple[str, ...] = ("Hello", ",", " world")
     refuse_connection: bool = False  # the handler raises ConnectFailed
     status: int = 200  # 4xx: an OpenAI error body; 5xx: a server error
+    body: bytes | None = None  # the whole answer instead (any status): a body of our choosing
     break_after_tokens: int | None = None  # ConnectionBroken after this many content chunks
     end_after_tokens: int | None = None  # a clean end (no finish, no [DONE]) after this many
     garbage_after_tokens: int | None = None  # ``garbage`` after this many content chunks
@@ -55,7 +56,7 @@ class WorkerCall:
 
 
 def url_of(worker_id: str) -> str:
-    return f"http://{worker_id}.worker.test"
+    return f"http://{worker_id}.worker.test:8000"
 
 
 def record(worker_id: str, *, model: str, slots: int = 4, kind: WorkerKind = "cpu",
@@ -128,6 +129,8 @@ class FakeWorkers:
         except anyio.get_cancelled_exc_class():
             call.hung_up = True
             raise
+        if behaviour.body is not None:
+            return MockReply(behaviour.status, {"content-type": "text/plain"}, behaviour.body)
         if behaviour.status != 200:
             return _error_response(behaviour.status)
         headers = {"content-type": "text/event-stream", "x-request-id": call.request_id}

@@ -32,6 +32,10 @@ def upstream(name: str = "llama", **changes: object) -> Upstream:
 @pytest.mark.parametrize(("entry", "at", "expected"), [
     ("{name: a, url: 'ftp://h', models: [m]}", "'ftp",
      "upstreams[0].url: must be an http:// or https:// URL"),
+    ("{name: a, url: 'http://k:s3cret@h/v1', models: [m]}", "'http",
+     "upstreams[0].url: must not carry a user or password"),
+    ("{name: a, url: 'http://h:8080/?x=1', models: [m]}", "'http",
+     "upstreams[0].url: must not have a query or a fragment"),
     ("{name: a, url: 'http://h', models: []}", "[]",
      "upstreams[0].models: Tuple should have at least 1 item"),
     ("{name: a, url: 'http://h', models: [m], api_key_env: 'sk-live-123'}", "'sk-",
@@ -151,8 +155,10 @@ def test_the_key_comes_from_the_gateways_own_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
     spec = upstream(api_key_env="LLAMA_KEY")
     monkeypatch.delenv("LLAMA_KEY", raising=False)
-    with pytest.raises(UpstreamFailed, match=r"\$LLAMA_KEY"):
+    with pytest.raises(UpstreamFailed) as missing:
         external_request(record_for(spec), CALL)
+    assert "$LLAMA_KEY" in missing.value.detail  # the operator learns which variable
+    assert "LLAMA_KEY" not in str(missing.value.envelope())  # the client does not
     monkeypatch.setenv("LLAMA_KEY", "sk-abc")
     assert external_request(record_for(spec), CALL)[1] == {"authorization": "Bearer sk-abc"}
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.attempt import UpstreamCall, WorkerRejected, start_attempt
+from gateway.attempt import UpstreamCall, start_attempt
 from gateway.devcert import ensure_dev_certificate
 from gateway.http1 import ChunkedBody, ConnectionBroken, ProtocolError
 from gateway.upstream import WorkerClient
 from gateway.worker_http import HttpPool, PoolLimits
-from hedgerow.errors import UpstreamFailed
+from hedgerow.errors import HedgerowError, UpstreamFailed, UpstreamRejected
 from hedgerow.wire import WorkerLoad, WorkerRecord, WorkerRegistration
 from policies.schema import Timeouts
 
@@ -326,21 +326,44 @@ async def test_oversized_headers_are_rejected() -> None:
     assert code == "upstream_malformed"
 
 
-async def test_a_4xx_reaches_the_client_as_the_workers_own_answer() -> None:
-    envelope = b'{"error":{"message":"max_tokens too large","code":"invalid_value"}}'
-    async with serving(lambda c, r: [fixed(envelope, status=400)]) as server:
-        registration = WorkerRegistration(worker_id="w", url=f"http://127.0.0.1:{server.port}",
+SECRET = "sk-live-0123456789abcdef"
+
+
+@pytest.mark.parametrize(("status", "expected", "code"), [
+    (400, UpstreamRejected, "upstream_rejected_request"),
+    (422, UpstreamRejected, "upstream_rejected_request"),
+    (401, UpstreamFailed, "upstream_error"),
+    (404, UpstreamFailed, "upstream_error"),
+    (302, UpstreamFailed, "upstream_error"),
+    (500, UpstreamFailed, "upstream_error"),
+    (206, UpstreamFailed, "upstream_malformed"),
+])
+async def test_a_non_200_answer_becomes_our_error_without_the_workers_words(
+    status: int, expected: type[HedgerowError], code: str,
+) -> None:
+    """The operator's log gets the status and the body; the client's envelope neither."""
+    def body(port: int) -> bytes:
+        return (f'{{"error":{{"message":"max_tokens too large at http://127.0.0.1:{port} '
+                f'key={SECRET}","code":"invalid_value"}}}}').encode()
+
+    async with serving(lambda c, r: [fixed(body(server.port), status=status)]) as server:
+        registration = WorkerRegistration(worker_id="w-secret-id",
+                                          url=f"http://127.0.0.1:{server.port}",
                                           kind="cpu", models=("m",), slots=1)
         worker = WorkerRecord(registration=registration, load=WorkerLoad(),
                               lease_expires_in_s=30.0)
         call = UpstreamCall("r1", "/v1/chat/completions", b'{"model":"m"}', "m")
         workers = client()
-        with pytest.raises(WorkerRejected) as caught:
+        with pytest.raises(expected) as caught:
             await start_attempt(workers, worker, call, hedged=False, ttft_timeout_s=2.0)
         await workers.aclose()
-    rejected = caught.value
-    assert (rejected.status, rejected.body, rejected.content_type) == (
-        400, envelope, "application/json")
+    error = caught.value
+    assert (error.status, error.code) == (400 if expected is UpstreamRejected else 502, code)
+    detail: str = error.detail  # type: ignore[attr-defined]
+    assert f"answered {status}" in detail and SECRET in detail  # for the operator
+    public = str(error.envelope())
+    for leak in (str(server.port), "127.0.0.1", "w-secret-id", SECRET, "max_tokens too"):
+        assert leak not in public
 
 
 async def test_https_with_a_private_ca(tmp_path: Path) -> None:
