@@ -42,7 +42,7 @@ from hedgerow.latest import LatestValue
 from hedgerow.metrics import CONTENT_TYPE
 from hedgerow.trust.identity import Identity
 from hedgerow.trust.peer import PEER, Peer
-from hedgerow.wire import Heartbeat, RegisterReply, RegistrySnapshot, WorkerRegistration
+from hedgerow.wire import AdminOnlyField, Heartbeat, RegisterReply, RegistrySnapshot, SelfRegistration
 
 MAX_BODY = 64 * 1024
 ASK_TIMEOUT_S = 5.0
