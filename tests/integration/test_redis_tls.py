@@ -105,7 +105,7 @@ async def test_a_plaintext_url_is_refused_quickly(tls_redis_server: TlsRedisServ
     redis = opened(url, RedisTls())
     started = time.monotonic()
     with pytest.raises(RedisConnectionError):
-        await redis.ping()
+        await redis.ping()  # type: ignore[misc]
     await redis.aclose()
     assert time.monotonic() - started < FAST_S + 10  # redis-py's own retries, then the error
     # The start-up check tries once and says what is likely wrong.
@@ -163,7 +163,7 @@ async def test_the_acl_denies_other_keys_and_dangerous_commands(hedgerow_redis: 
                     ("SHUTDOWN",), ("PUBLISH", "hedgerow:x", "1"),
                     ("CLIENT", "LIST"), ("MONITOR",)]:
         with pytest.raises(NoPermissionError):
-            await hedgerow_redis.execute_command(*command)
+            await hedgerow_redis.execute_command(*command)  # type: ignore[no-untyped-call]
 
 
 async def test_the_registry_and_policy_store_work_within_the_acl(hedgerow_redis: Redis) -> None:
