@@ -28,7 +28,7 @@ from gateway.transport import build_config, local_hosts, serve
 from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
-from hedgerow.redis_conn import RedisTls, check_redis
+from hedgerow.redis_conn import RedisTls, check_redis, warm_up
 from hedgerow.serving import serve_internal
 from hedgerow.wire import RegistrySnapshot
 from policies.loader import policy_checksum
@@ -101,8 +101,9 @@ async def run_gateway(
         if cache.redis is not None and options.redis_url is not None:
             # A wrong CA, password or ACL stops the start here; an unreachable
             # Redis does not (limits and cache fall back to this gateway's own).
-            await check_redis(cache.redis, options.redis_url, options.redis_tls,
-                              what="shared limits and cache (Redis)")
+            if await check_redis(cache.redis, options.redis_url, options.redis_tls,
+                                 what="shared limits and cache (Redis)") and shared is not None:
+                await warm_up(shared.redis)
         async with Supervisor() as supervisor:
             follower = RegistryFollower(options.control_plane, directory)
             supervisor.run_service("registry-follower", follower.run)

@@ -237,7 +237,19 @@ async def check_redis(redis: Redis, url: str, tls: RedisTls = RedisTls(), *,
                     "back%s", what, shown, scrub(_describe(error), url), _plaintext_hint(url))
         return False
     log.info("%s: %s (%s)", what, shown, _transport(url, tls))
+    await warm_up(redis, timeout_s)
     return True
+
+
+async def warm_up(redis: Redis, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """One PING through the client's pool, so that the first request finds a
+    connection whose TLS handshake is done (a handshake can outlast the cache's
+    50 ms budget). A fault is left to the caller's own fallback."""
+    with anyio.move_on_after(timeout_s):
+        try:
+            await redis.ping()  # type: ignore[misc]
+        except (RedisError, OSError):
+            pass  # the request path counts and logs Redis faults itself
 
 
 async def _ping_once(redis: Redis) -> None:
