@@ -159,6 +159,17 @@ def is_plaintext_remote(url: str) -> bool:
         return True  # a name: it may resolve anywhere
 
 
+def warn_if_plaintext(url: str, what: str = "Redis") -> bool:
+    """Log loudly (and say True) when ``url`` sends its password and data in clear
+    to another host."""
+    if not is_plaintext_remote(url):
+        return False
+    log.warning("!!! %s: %s is PLAINTEXT to a non-loopback host: its password and every "
+                "key cross the network unencrypted; use rediss:// (docs/deployment.md, "
+                "\"Redis with ACL and TLS\") !!!", what, redact_url(url))
+    return True
+
+
 def connection_options(url: str, tls: RedisTls) -> dict[str, Any]:
     """The TLS keyword arguments for ``Redis.from_url``, after checking that ``url``
     and ``tls`` make sense together and that the PEM files load."""
@@ -222,10 +233,7 @@ async def check_redis(redis: Redis, url: str, tls: RedisTls = RedisTls(), *,
     """At start: one PING. True: Redis answered. False: unreachable (logged; the
     caller serves as in any outage). ``RedisSetupError``: a fault no retry fixes."""
     shown = redact_url(url)
-    if is_plaintext_remote(url):
-        log.warning("!!! %s: %s is PLAINTEXT to a non-loopback host: its password and every "
-                    "key cross the network unencrypted; use rediss:// (docs/deployment.md, "
-                    "\"Redis with ACL and TLS\") !!!", what, shown)
+    warn_if_plaintext(url, what)
     try:
         with anyio.fail_after(timeout_s):
             await _ping_once(redis)
