@@ -25,6 +25,7 @@ through ``redact_url`` and error texts through ``scrub``.
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import logging
 import os
@@ -37,6 +38,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 
 import anyio
 from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
@@ -225,7 +227,19 @@ def open_redis(url: str, tls: RedisTls = RedisTls(), *, socket_timeout: float,
     caller's timeouts. Raises ``RedisSetupError`` for a bad URL or PEM file."""
     tls_options = connection_options(url, tls)
     return Redis.from_url(url, socket_timeout=socket_timeout,
-                          socket_connect_timeout=connect_timeout, **tls_options, **options)
+                          socket_connect_timeout=connect_timeout, **tls_options,
+                          **_without_client_setinfo(), **options)
+
+
+def _without_client_setinfo() -> dict[str, Any]:
+    """redis-py names itself with CLIENT SETINFO on every new connection. The ACL
+    leaves it out (Redis 7.0 cannot even name it in a rule), so on Redis 7.2+
+    each connection would add a denial to the ACL LOG, burying real ones.
+    redis-py 7 spells "don't" ``driver_info=None``; older ones ``lib_name=None``."""
+    accepted = inspect.signature(AbstractConnection.__init__).parameters
+    if "driver_info" in accepted:
+        return {"driver_info": None}
+    return {"lib_name": None, "lib_version": None}
 
 
 async def check_redis(redis: Redis, url: str, tls: RedisTls = RedisTls(), *,

@@ -88,6 +88,10 @@ def test_the_client_really_gets_those_settings(pems: dict[str, Path]) -> None:
     assert kwargs["ssl_ca_certs"] == str(pems["ca"])
     assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (0.25, 0.5)
     assert (kwargs["username"], kwargs["password"]) == ("u", "p")
+    # No CLIENT SETINFO (not in the ACL): Redis 7.2+ would log a denial per connection.
+    connection = redis.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+    assert getattr(connection, "driver_info", None) is None
+    assert getattr(connection, "lib_name", None) is None
 
 
 def test_tls_files_with_a_plaintext_url_are_refused(pems: dict[str, Path]) -> None:
