@@ -3,6 +3,7 @@
 The facade the request path uses is ``ResponseCache``::
 
     cache = ResponseCache(policy, redis_url)       # redis_url None: in-process only
+    # rediss:// with a CA (and client certificate): redis_tls=RedisTls(ca_file, ...)
     async with Supervisor() as supervisor:
         cache.start(supervisor)                    # or: await task_group.start(cache.run)
         ...
