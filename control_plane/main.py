@@ -17,12 +17,13 @@ from control_plane.metrics import ControlPlaneMetrics
 from control_plane.policy_service import start_policy_service
 from control_plane.registry import Registry
 from control_plane.registry_actor import RegistryActor
-from control_plane.shared_state import close_redis, open_redis, registry_actor_factory
+from control_plane.shared_state import registry_actor_factory, shared_redis
 from control_plane.trust_service import (ADMIN_CERT_TTL, DEFAULT_CERT_TTL_S, SERVING_CERT_TTL,
                                          SERVING_RENEW_BEFORE, TrustService, serving_names)
 from control_plane.upstream_api import start_upstream_service
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
+from hedgerow.redis_conn import RedisTls
 from hedgerow.serving import serve_internal
 from hedgerow.trust.credentials import Credentials, TlsContexts
 from hedgerow.trust.identity import Identity
@@ -63,6 +64,7 @@ async def run_control_plane(
     policy_dir: Path | None = None,
     admin_token: str | None = None,
     redis_url: str | None = None,
+    redis_tls: RedisTls = RedisTls(),
     admin_port: int | None = None,
     admin_host: str = LOOPBACK,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
@@ -83,8 +85,8 @@ async def run_control_plane(
     registry = Registry(lease_s=lease_s)
     published: LatestValue[RegistrySnapshot] = LatestValue(RegistrySnapshot(version=0))
     metrics = ControlPlaneMetrics(published)
-    redis = open_redis(redis_url) if redis_url else None  # None: in-process state
-    async with close_redis(redis), Supervisor() as supervisor:
+    # redis is None without a URL: in-process state.
+    async with shared_redis(redis_url, redis_tls) as redis, Supervisor() as supervisor:
         factory = registry_actor_factory(redis, lease_s, published, metrics)
         if factory is None:
             factory = lambda: RegistryActor(registry, published, metrics)  # noqa: E731

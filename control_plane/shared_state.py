@@ -16,6 +16,8 @@ from control_plane.metrics import ControlPlaneMetrics
 from control_plane.redis_registry import RedisOutage, RedisRegistry, RedisRegistryActor
 from hedgerow.actors import Actor
 from hedgerow.latest import LatestValue
+from hedgerow.redis_conn import RedisTls, check_redis
+from hedgerow.redis_conn import open_redis as open_redis_client
 from hedgerow.wire import RegistrySnapshot
 
 # Short timeouts: a Redis outage must fail an HTTP request (503) well within
@@ -23,19 +25,28 @@ from hedgerow.wire import RegistrySnapshot
 REDIS_TIMEOUT_S = 1.0
 
 
-def open_redis(url: str) -> Redis:
-    """A pooled client; it connects lazily and reconnects by itself."""
-    return Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S,
-                          socket_connect_timeout=REDIS_TIMEOUT_S, health_check_interval=5)
+def open_redis(url: str, tls: RedisTls = RedisTls()) -> Redis:
+    """A pooled client (TLS per ``hedgerow.redis_conn``); it connects lazily and
+    reconnects by itself."""
+    return open_redis_client(url, tls, socket_timeout=REDIS_TIMEOUT_S,
+                             connect_timeout=REDIS_TIMEOUT_S, health_check_interval=5)
 
 
 @asynccontextmanager
-async def close_redis(redis: Redis | None) -> AsyncIterator[None]:
+async def shared_redis(url: str | None, tls: RedisTls = RedisTls()) -> AsyncIterator[Redis | None]:
+    """The replicas' Redis (None without a URL), checked at start and closed at exit.
+
+    A wrong CA, password or ACL stops the start (``RedisSetupError``); an
+    unreachable Redis does not: the replica serves what it knows until it is back."""
+    if not url:
+        yield None
+        return
+    redis = open_redis(url, tls)
     try:
-        yield
+        await check_redis(redis, url, tls, what="shared state (Redis)")
+        yield redis
     finally:
-        if redis is not None:
-            await redis.aclose()
+        await redis.aclose()
 
 
 def registry_actor_factory(

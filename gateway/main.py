@@ -28,6 +28,7 @@ from gateway.transport import build_config, local_hosts, serve
 from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
+from hedgerow.redis_conn import RedisTls, check_redis, warm_up
 from hedgerow.serving import serve_internal
 from hedgerow.trust.peer import require_roles
 from hedgerow.trust.process import InternalTls
@@ -64,8 +65,10 @@ class GatewayOptions:
     # This gateway's PoP: routing prefers workers labelled pop=<it> (policies.locality).
     pop: str | None = None
     # Tenants' requests/s and tokens/min limits shared with every gateway on this Redis
-    # (``gateway.shared_limits``). None: each gateway limits on its own.
-    redis_url: str | None = None
+    # (``gateway.shared_limits``), and the response cache. None: each gateway on
+    # its own. Kept out of repr: the URL may carry the ACL user's password.
+    redis_url: str | None = field(default=None, repr=False)
+    redis_tls: RedisTls = RedisTls()
     # The admin API (cache purge, stats; ``gateway.admin``) on its own plain
     # HTTP listener. None: not served. Without a token: loopback only.
     admin_port: int | None = None
@@ -95,11 +98,18 @@ async def run_gateway(
     directory: LatestValue[RegistrySnapshot] = LatestValue(RegistrySnapshot(version=0), -1)
     tls = options.internal_tls or InternalTls(None, options.control_plane)
     workers = WorkerClient(policy.timeouts, internal_tls=tls.contexts)
-    shared = open_shared_limits(options.redis_url) if options.redis_url else None
+    shared = (open_shared_limits(options.redis_url, options.redis_tls)
+              if options.redis_url else None)
     # Exact and semantic response cache, shared through Redis when given one.
-    cache = ResponseCache(policy, options.redis_url,
+    cache = ResponseCache(policy, options.redis_url, redis_tls=options.redis_tls,
                           origin=options.gateway_id or f"gw-{options.port}")
     try:
+        if cache.redis is not None and options.redis_url is not None:
+            # A wrong CA, password or ACL stops the start here; an unreachable
+            # Redis does not (limits and cache fall back to this gateway's own).
+            if await check_redis(cache.redis, options.redis_url, options.redis_tls,
+                                 what="shared limits and cache (Redis)") and shared is not None:
+                await warm_up(shared.redis)
         async with Supervisor() as supervisor:
             follower = RegistryFollower(options.control_plane, directory, verify=tls.client())
             supervisor.run_service("registry-follower", follower.run)

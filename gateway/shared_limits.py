@@ -50,6 +50,7 @@ from redis.exceptions import RedisError
 
 from gateway.tickets import Stats, Submit, Ticket, TicketDone
 from hedgerow.actors import ActorRef
+from hedgerow.redis_conn import RedisTls, open_redis
 from policies.admission import Refused
 from policies.schema import TenantLimits
 
@@ -239,7 +240,6 @@ def add_shared_counters(stats: dict[str, Any], counters: dict[str, int]) -> dict
     return {**stats, "counters": merged}
 
 
-def open_shared_limits(url: str) -> SharedRequestLimits:
-    redis = Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S,
-                           socket_connect_timeout=REDIS_TIMEOUT_S)
+def open_shared_limits(url: str, tls: RedisTls = RedisTls()) -> SharedRequestLimits:
+    redis = open_redis(url, tls, socket_timeout=REDIS_TIMEOUT_S, connect_timeout=REDIS_TIMEOUT_S)
     return SharedRequestLimits(redis)

@@ -23,6 +23,7 @@ from hedgerow.trust.process import add_trust_arguments
 
 if TYPE_CHECKING:
     from hedgerow.trust.process import InternalTls
+    from hedgerow.redis_conn import RedisTls
     from workers.sim_backend import LatencyModel
 
 DEFAULT_CONTROL_PLANE = "https://127.0.0.1:8500"
@@ -141,9 +142,9 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
     cp.add_argument("--admin-host", default="127.0.0.1",
                     help="admin API address with --admin-port (default 127.0.0.1; "
                          "loopback only without a token)")
-    cp.add_argument("--redis", metavar="URL", default=os.environ.get("HEDGEROW_REDIS_URL"),
-                    help="share registry and policy with other replicas through this Redis "
-                         "(redis://host:port/db; default $HEDGEROW_REDIS_URL; none: in-process)")
+    _add_redis_options(cp, "share registry and policy with other replicas through this Redis "
+                           "(rediss://USER:PASSWORD@HOST:PORT/DB; default $HEDGEROW_REDIS_URL; "
+                           "none: in-process)")
     cp.add_argument("--state-dir", type=Path, default=Path(".hedgerow/control-plane"),
                     help="the cluster CA, join tokens, its own certificate and an admin "
                          "credential (STATE-DIR/admin) live here")
@@ -160,6 +161,62 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
     cp.add_argument("--insecure-internal", action="store_true",
                     help="DEBUG ONLY: plain HTTP, and every caller believed")
     cp.set_defaults(run=_run_control_plane)
+
+
+def _add_redis_options(parser: argparse.ArgumentParser, redis_help: str) -> None:
+    from hedgerow.redis_conn import CA_FILE_ENV, CERT_FILE_ENV, KEY_FILE_ENV
+
+    def env_path(name: str) -> Path | None:
+        return Path(os.environ[name]) if os.environ.get(name) else None
+
+    # The URL carries the ACL user's password: $HEDGEROW_REDIS_URL keeps it out
+    # of the process list, where --redis would show it to every local user.
+    parser.add_argument("--redis", metavar="URL", default=os.environ.get("HEDGEROW_REDIS_URL"),
+                        help=redis_help)
+    parser.add_argument("--redis-ca-file", type=Path, metavar="PEM", default=env_path(CA_FILE_ENV),
+                        help="CA that signed the Redis server's certificate, for rediss:// "
+                             f"(default ${CA_FILE_ENV}; none: the system's CAs)")
+    parser.add_argument("--redis-cert-file", type=Path, metavar="PEM",
+                        default=env_path(CERT_FILE_ENV),
+                        help="client certificate, for a Redis with tls-auth-clients yes "
+                             f"(default ${CERT_FILE_ENV})")
+    parser.add_argument("--redis-key-file", type=Path, metavar="PEM",
+                        default=env_path(KEY_FILE_ENV),
+                        help=f"the client certificate's key (default ${KEY_FILE_ENV})")
+
+
+def _redis_tls(args: argparse.Namespace) -> RedisTls:
+    from hedgerow.redis_conn import RedisTls
+
+    return RedisTls(args.redis_ca_file, args.redis_cert_file, args.redis_key_file)
+
+
+def _run_reporting_setup_errors(run: Callable[[], None]) -> int:
+    """``run()``; a ``RedisSetupError`` (wrong CA, password, ACL) ends it with its
+    message and exit status 1 rather than a traceback."""
+    from hedgerow.redis_conn import RedisSetupError
+
+    try:
+        run()
+    except (RedisSetupError, BaseExceptionGroup) as error:
+        problem = _setup_error(error, RedisSetupError)
+        if problem is None:
+            raise
+        logging.getLogger("hedgerow").error("cannot start: %s", problem)
+        return 1
+    return 0
+
+
+def _setup_error(error: BaseException, kind: type[Exception]) -> Exception | None:
+    """``error`` if it is a ``kind``, or the first ``kind`` inside an exception group."""
+    if isinstance(error, kind):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = _setup_error(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 def _add_policy(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -191,10 +248,10 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     gw.add_argument("--drain-timeout-s", type=float, default=30.0,
                     help="on SIGTERM, how long in-flight streams may finish before they "
                          "are ended with an error event (default 30)")
-    gw.add_argument("--redis", metavar="URL", default=os.environ.get("HEDGEROW_REDIS_URL"),
-                    help="share tenants' requests/s and tokens/min limits and the response "
-                         "cache with the other gateways on this Redis (default $HEDGEROW_REDIS_URL; none: "
-                         "per gateway)")
+    _add_redis_options(gw, "share tenants' requests/s and tokens/min limits and the response "
+                           "cache with the other gateways on this Redis "
+                           "(rediss://USER:PASSWORD@HOST:PORT/DB; default $HEDGEROW_REDIS_URL; "
+                           "none: per gateway)")
     gw.add_argument("--admin-port", type=int, default=None, metavar="N",
                     help="serve the admin API (cache purge, stats) on http://ADMIN-HOST:N "
                          "(default: off)")
@@ -372,11 +429,12 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     trust = TrustOptions(state_dir=args.state_dir, join_port=args.join_port,
                          ca_cert=args.ca_cert, ca_key=args.ca_key, cert_ttl_s=args.cert_ttl_s,
                          tls_sans=tuple(args.tls_san), insecure=args.insecure_internal)
-    run_until_signalled(lambda shutdown: run_control_plane(
-        args.host, args.port, shutdown, trust_options=trust, lease_s=args.lease_s,
-        policy_file=policy_file, policy_dir=args.policy_dir, admin_token=admin_token,
-        redis_url=args.redis, admin_port=args.admin_port, admin_host=args.admin_host))
-    return 0
+    return _run_reporting_setup_errors(lambda: run_until_signalled(
+        lambda shutdown: run_control_plane(
+            args.host, args.port, shutdown, trust_options=trust, lease_s=args.lease_s,
+            policy_file=policy_file, policy_dir=args.policy_dir, admin_token=admin_token,
+            redis_url=args.redis, redis_tls=_redis_tls(args), admin_port=args.admin_port,
+            admin_host=args.admin_host)))
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
@@ -402,12 +460,13 @@ def _run_gateway(args: argparse.Namespace) -> int:
         control_plane=args.control_plane, host=tuple(args.host or local_hosts()), port=args.port,
         state_dir=args.state_dir, certfile=args.certfile, keyfile=args.keyfile,
         policy_path=args.policy, gateway_id=gateway_id, internal_tls=tls,
-        drain_timeout_s=args.drain_timeout_s, redis_url=args.redis, pop=args.pop,
+        drain_timeout_s=args.drain_timeout_s, redis_url=args.redis,
+        redis_tls=_redis_tls(args), pop=args.pop,
         admin_port=args.admin_port, admin_host=args.admin_host, admin_token=admin_token,
         max_connections=args.max_connections,
     )
-    run_until_signalled(lambda shutdown: run_gateway(options, shutdown))
-    return 0
+    return _run_reporting_setup_errors(
+        lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
 
 
 def _run_worker(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 The facade the request path uses is ``ResponseCache``::
 
     cache = ResponseCache(policy, redis_url)       # redis_url None: in-process only
+    # rediss:// with a CA (and client certificate): redis_tls=RedisTls(ca_file, ...)
     async with Supervisor() as supervisor:
         cache.start(supervisor)                    # or: await task_group.start(cache.run)
         ...
@@ -89,6 +90,7 @@ from gateway.cache.semantic import SemanticIndex, SemanticMatch
 from gateway.cache.semantic_cache import SemanticCache, SemanticSettings
 from gateway.cache.store import ExactKey, Guarded, MemoryStore, Purge, RedisCircuit, RedisStore, TieredStore
 from hedgerow.actors import Supervisor
+from hedgerow.redis_conn import RedisTls, open_redis
 from policies.schema import Policy
 
 __all__ = ["CacheEntry", "EntryBuilder", "Hit", "ResponseCache", "entry_from_response"]
@@ -127,12 +129,12 @@ def _headers(headers: HeadersLike | None) -> Mapping[str, str]:
 class ResponseCache:
     def __init__(self, policy: Policy, redis_url: str | None = None, *,
                  embedder: Embedder | None = None, clock: Callable[[], float] = time.time,
-                 origin: str | None = None) -> None:
+                 origin: str | None = None, redis_tls: RedisTls = RedisTls()) -> None:
         self.policy = policy
         self.clock = clock
         settings = policy.cache
         self.redis: Redis | None = (
-            Redis.from_url(redis_url, socket_connect_timeout=1.0, socket_timeout=5.0)
+            open_redis(redis_url, redis_tls, connect_timeout=1.0, socket_timeout=5.0)
             if redis_url else None)
         self.guard = Guarded(settings.redis_timeout_ms / 1000,
                              RedisCircuit(settings.redis_retry_after_s), clock)
