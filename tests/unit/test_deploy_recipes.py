@@ -106,21 +106,29 @@ def test_workers_are_labelled_with_a_declared_pop_and_drain_before_sigkill() -> 
         assert labels["pop"] == pod_spec(doc)["nodeSelector"]["hedgerow.dev/pop"]
         drain = float(arg(container["args"], "--drain-timeout-s")[0])
         assert pod_spec(doc)["terminationGracePeriodSeconds"] > drain
-        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
-def test_probes_ask_the_processes_own_health_endpoints() -> None:
+def test_probes_reach_a_listener_that_answers_without_a_client_certificate() -> None:
+    """The kubelet presents no client certificate: a probe of a mutual-TLS
+    listener would fail its handshake for ever and the pod never be ready."""
     for doc, container in hedgerow_containers():
         command = container["args"][0]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        if command == "worker":  # mutual TLS only: the port is all a kubelet can check
+            for probe in ("readinessProbe", "livenessProbe"):
+                assert ports[container[probe]["tcpSocket"]["port"]] == int(
+                    arg(container["args"], "--port")[0])
+            continue
         ready = container["readinessProbe"]["httpGet"]
         live = container["livenessProbe"]["httpGet"]
-        # The control plane has no /readyz: it is ready when it answers at all.
-        assert ready["path"] == ("/healthz" if command == "control-plane" else "/readyz")
-        assert live["path"] == "/healthz"
-        # Every listener is TLS now; a plain-HTTP probe would never pass.
         assert ready["scheme"] == live["scheme"] == "HTTPS", doc["metadata"]["name"]
-        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert ports[ready["port"]] == int(arg(container["args"], "--port")[0])
+        if command == "control-plane":  # its join listener: TLS, server-auth only
+            assert ready["path"] == live["path"] == "/healthz"
+            assert ports[ready["port"]] == ports[live["port"]] == int(
+                arg(container["args"], "--join-port")[0])
+        else:  # the gateway's public port
+            assert (ready["path"], live["path"]) == ("/readyz", "/healthz")
+            assert ports[ready["port"]] == int(arg(container["args"], "--port")[0])
 
 
 # --- every container unprivileged, on a read-only root -------------------------------------
