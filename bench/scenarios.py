@@ -5,6 +5,9 @@
                 admission. Shows SLO attainment, what was shed and how fast.
 ``overhead``    a fixed-latency worker measured directly, through Hedgerow
                 and through nginx in interleaved rounds (see ``bench.overhead``).
+``internal-tls`` the same gateway and worker with internal mutual TLS and with
+                ``--insecure-internal``, interleaved: what mTLS costs per request
+                (see ``bench.internal_tls``).
 ``throughput``  exact cache hits over HTTP/2 through Hedgerow vs a bare
                 Hypercorn hello-world app, interleaved, with h2load
                 (see ``bench.throughput``).
@@ -44,6 +47,7 @@ import anyio
 import httpx
 
 from bench.loadgen import OpenLoop, RequestSpec, Target, http_version_from_env, run_load
+from bench.internal_tls import internal_tls
 from bench.overhead import overhead
 from bench.records import LoadResult, RequestRecord
 from bench.stack import Stack
@@ -319,6 +323,7 @@ def soak(quick: bool, workdir: Path, duration_s: float | None = None) -> dict[st
 
 SCENARIOS: dict[str, Callable[[bool, Path], dict[str, Any]]] = {
     "overhead": overhead,
+    "internal-tls": internal_tls,
     "overload": overload,
     "stragglers": stragglers,
     "throughput": throughput,
