@@ -1,8 +1,9 @@
 """HTTP API of the control plane: worker register / heartbeat / deregister,
 worker list, and the watch stream gateways follow; and the operators' admin
-API (status, policy, upstreams), which ``admin_listener`` moves off this
-listener onto one of its own (``serve_admin``): then this one answers its
-routes 404, as any unknown path."""
+API (status, policy, upstreams) with ``/metrics`` beside it, which
+``admin_listener`` moves off this listener onto one of its own
+(``serve_admin``): then this one answers those routes 404, as any unknown
+path."""
 
 from __future__ import annotations
 
@@ -65,13 +66,13 @@ class ControlPlaneApp:
         self.admin_router = Router() if self.admin_listener else self.router
         routes = ControlPlaneRoutes(self.router, self.admin_router, self.guard)
         routes.open("GET", "/healthz", self.healthz)
-        routes.open("GET", "/metrics", self.prometheus)
         routes.open("GET", "/v1/workers", self.list_workers)
         routes.open("POST", "/v1/workers", self.register)
         routes.open("POST", "/v1/workers/{worker_id}/heartbeat", self.heartbeat)
         routes.open("DELETE", "/v1/workers/{worker_id}", self.deregister)
         routes.open("GET", "/v1/watch", self.watch)
         routes.admin("GET", "/v1/status", self.status)
+        routes.metrics("GET", "/metrics", self.prometheus)
         if self.admin_listener:  # a probe for the admin listener itself, token-free
             self.admin_router.add("GET", "/healthz", self.healthz)
         if self.policy_api is not None:

@@ -7,6 +7,10 @@ once (429/503, never touching a worker), then assigns it a worker slot in
 deadline order; the dispatcher gets its first token (retrying or hedging as
 needed); the relay streams the rest. A client that goes away cancels all of
 it, which stops the generation upstream.
+
+This app is the public port: the client API, the chat page, ``/healthz`` and
+``/readyz``, nothing else. Metrics (``render_metrics``) are served by the
+admin listener (``gateway.admin``).
 """
 
 from __future__ import annotations
@@ -57,7 +61,6 @@ from hedgerow.errors import (
 )
 from hedgerow.latest import LatestValue
 from hedgerow.logs import request_id_var
-from hedgerow.metrics import CONTENT_TYPE
 from hedgerow.sse import SseParser
 from hedgerow.wire import RegistrySnapshot
 from policies.schema import Policy, PriorityClass
@@ -89,7 +92,6 @@ class GatewayApp:
         self.router.add("GET", "/", self.page)
         self.router.add("GET", "/healthz", self.healthz)
         self.router.add("GET", "/readyz", self.readyz)
-        self.router.add("GET", "/metrics", self.prometheus)
         self.router.add("GET", "/v1/models", self.models)
         self.router.add("POST", "/v1/chat/completions", self.chat)
         self.router.add("POST", "/v1/completions", self.completions)
@@ -141,10 +143,10 @@ class GatewayApp:
                 "draining": self.drain.draining}
         await send_json(request.send, 200 if ready else 503, body)
 
-    async def prometheus(self, request: Request) -> None:
+    async def render_metrics(self) -> bytes:
+        """The Prometheus text the admin listener serves at ``/metrics``."""
         stats = await self.scheduler.ask(Stats())
-        body = self.metrics.render(stats, self.directory.value)
-        await send_bytes(request.send, 200, body, content_type=CONTENT_TYPE)
+        return self.metrics.render(stats, self.directory.value)
 
     async def models(self, request: Request) -> None:
         data = [

@@ -69,6 +69,8 @@ class GatewayOptions:
     admin_port: int | None = None
     admin_host: str = "127.0.0.1"
     admin_token: str | None = None
+    # Opens /metrics on the admin listener, and nothing else (for Prometheus).
+    metrics_token: str | None = None
     # Open TCP connections; beyond it new ones are closed at accept, before TLS.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
 
@@ -133,8 +135,11 @@ async def run_gateway(
                     await _begin_drain(app.drain, options.drain_timeout_s, tg)
 
                 if options.admin_port is not None:
-                    await _serve_admin(tg, GatewayAdmin(cache, options.admin_token),
-                                       options, shutdown)
+                    admin = GatewayAdmin(cache, options.admin_token, app.render_metrics,
+                                         options.metrics_token)
+                    await _serve_admin(tg, admin, options, shutdown)
+                else:
+                    log.info("no --admin-port: metrics and the cache admin API are not served")
                 port = await tg.start(functools.partial(serve, connection_cap=connections),
                                       edge, config, drain_on_shutdown)
                 hosts = [options.host] if isinstance(options.host, str) else options.host
@@ -154,7 +159,7 @@ async def _serve_admin(tg: TaskGroup, admin: GatewayAdmin, options: GatewayOptio
     assert options.admin_port is not None
     host = admin_bind_host(options.admin_host, options.admin_token)
     port = await tg.start(serve_internal, admin, host, options.admin_port, shutdown)
-    log.info("gateway admin API listening on http://%s:%d%s", host, port,
+    log.info("gateway admin API and /metrics listening on http://%s:%d%s", host, port,
              "" if options.admin_token else " (no admin token: unauthenticated)")
 
 
