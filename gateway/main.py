@@ -30,7 +30,6 @@ from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
 from hedgerow.serving import serve_internal
 from hedgerow.wire import RegistrySnapshot
-from policies.loader import policy_checksum
 from policies.schema import DEFAULT_POLICY_PATH, Policy, load_policy
 
 log = logging.getLogger("hedgerow.gateway")
@@ -53,8 +52,8 @@ class GatewayOptions:
     certfile: Path | None = None
     keyfile: Path | None = None
     # A local policy file pins the gateway to it. None: follow the control
-    # plane's policy versions (starting from the shipped default until the
-    # control plane answers).
+    # plane's policy versions; until the first arrives the client API answers
+    # 503 policy_unavailable (never a built-in default nobody chose).
     policy_path: Path | None = None
     gateway_id: str | None = None
     # After SIGTERM, how long in-flight requests may run before they are cut.
@@ -87,7 +86,10 @@ async def run_gateway(
     *,
     task_status: TaskStatus[GatewayStarted] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
+    # Following the control plane, the shipped default only builds the parts;
+    # ``awaiting_policy`` keeps it from serving anyone until the first version.
     policy = load_policy(options.policy_path or DEFAULT_POLICY_PATH)
+    following = options.policy_path is None
     certfile, keyfile, ca_cert = _certificate(options)
     directory: LatestValue[RegistrySnapshot] = LatestValue(RegistrySnapshot(version=0), -1)
     workers = WorkerClient(policy.timeouts)
@@ -105,7 +107,8 @@ async def run_gateway(
             front = scheduler if shared is None else SharedLimitsScheduler(scheduler, shared)
             supervisor.run_service("response-cache", cache.run)
             app = GatewayApp(policy, directory, front,  # type: ignore[arg-type]
-                             Dispatcher(scheduler, workers, policy), cache=cache)
+                             Dispatcher(scheduler, workers, policy), cache=cache,
+                             awaiting_policy=following)
             app.metrics.watch_cache(cache.stats)
             connections = ConnectionCap(fit_file_limit(options.max_connections))
             app.metrics.watch_connections(connections.stats)
@@ -117,11 +120,14 @@ async def run_gateway(
 
             if shared is not None:
                 log.info("tenants' requests/s and tokens/min limits are shared through Redis")
-            if options.policy_path is None:
+            if following:
                 gateway_id = options.gateway_id or f"gw-{socket.gethostname()}-{options.port}"
+                # No checksum: the first version is applied even when it equals the default.
                 policies = PolicyFollower(options.control_plane, gateway_id, apply_policy,
-                                          RunningPolicy(0, policy_checksum(policy)))
+                                          RunningPolicy(0, ""))
                 supervisor.run_service("policy-follower", policies.run)
+                log.info("following the control plane's policy at %s; the client API "
+                         "answers 503 until the first version arrives", options.control_plane)
             else:
                 log.info("policy pinned to %s (not following the control plane)",
                          options.policy_path)
