@@ -112,7 +112,7 @@ async def run_gateway(
             app.metrics.watch_cache(cache.stats)
             connections = ConnectionCap(fit_file_limit(options.max_connections))
             app.metrics.watch_connections(connections.stats)
-            edge = CorsMiddleware(app, policy.cors)
+            edge = CorsMiddleware(app, policy.cors, app.router.serves)
 
             async def apply_policy(new: Policy) -> None:
                 edge.apply_policy(new)

@@ -27,6 +27,7 @@ from tests.support.stack import Stack, free_port, scrape_metrics, wait_for
 pytestmark = pytest.mark.e2e
 
 MODEL = "pinned-model"
+APP_ORIGIN = "https://app.example.com"
 ADMIN_TOKEN = "gw-admin-token-5d0c2a"
 METRICS_TOKEN = "gw-metrics-token-81be47"
 PINNED = f"""
@@ -37,6 +38,8 @@ tenants:
 anonymous_tenant: local
 models:
   - name: {MODEL}
+cors:
+  allow_origins: ["{APP_ORIGIN}"]
 """
 SIM = ["--backend", "sim", "--slots", "2", "--sim-prefill-ms-per-token", "0.1",
        "--sim-decode-ms-per-token", "2", "--sim-output-tokens", "4"]
@@ -138,6 +141,17 @@ def test_the_public_port_answers_internal_paths_404(pinned: Stack, method: str,
     assert response.status_code == 404, (method, path, response.text)
     if method != "HEAD":
         assert response.json()["error"]["code"] == "not_found"
+
+
+def test_a_browser_preflight_for_metrics_is_404_too(pinned: Stack) -> None:
+    """From an origin the policy allows, which would get 204 for the client API."""
+    with _client(pinned) as http:
+        assert http.options("/v1/chat/completions", headers={
+            "origin": APP_ORIGIN, "access-control-request-method": "POST"}).status_code == 204
+        response = http.options("/metrics", headers={
+            "origin": APP_ORIGIN, "access-control-request-method": "GET"})
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
 
 
 def test_gateway_metrics_are_on_the_admin_port_for_the_metrics_or_the_admin_token(
