@@ -21,7 +21,6 @@ import hashlib
 import logging
 import random
 import signal
-import ssl
 import threading
 import time
 from collections import Counter
@@ -125,9 +124,7 @@ def _rss_mb(pid: int) -> float:
 
 
 def _asyncio_tasks(stack: Stack) -> int:
-    context = ssl.create_default_context(cafile=stack.ca_cert)
-    text = httpx.get(stack.gateway_url + "/metrics", verify=context).text
-    for line in text.splitlines():
+    for line in stack.gateway_metrics().splitlines():
         if line.startswith("hedgerow_asyncio_tasks "):
             return int(float(line.split()[1]))
     raise RuntimeError("the gateway exports no hedgerow_asyncio_tasks gauge")

@@ -81,6 +81,10 @@ class Stack:
     root: Path
     control_plane_port: int = 0
     gateway_port: int = 0
+    # The last gateway's admin listener, where its /metrics is (``gateway_metrics``).
+    gateway_admin_port: int = 0
+    # Every gateway's admin URL by its public URL (``gateway_metrics(url)``).
+    gateway_admins: dict[str, str] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
     join_port: int = 0
     insecure: bool = False  # --insecure-internal everywhere (plain HTTP)
@@ -225,8 +229,15 @@ class Stack:
         return proc
 
     def start_gateway(self, *extra: str, wait_ready: bool = True) -> Proc:
-        """Start a gateway; wait for /readyz (a worker known) or just /healthz."""
+        """Start a gateway; wait for /readyz (a worker known) or just /healthz.
+        It gets an admin listener (for /metrics) unless ``extra`` names one."""
         self.gateway_port = free_port()
+        if "--admin-port" in extra:
+            self.gateway_admin_port = int(extra[extra.index("--admin-port") + 1])
+        else:
+            self.gateway_admin_port = free_port()
+            extra = (*extra, "--admin-port", str(self.gateway_admin_port))
+        self.gateway_admins[self.gateway_url] = self.gateway_admin_url
         proc = self.spawn("gateway", "gateway", "--port", str(self.gateway_port),
                           "--control-plane", self.control_plane_url,
                           "--state-dir", str(self.root / "state"),
@@ -236,6 +247,21 @@ class Stack:
             self.gateway_url + probe, verify=ssl.create_default_context(cafile=self.ca_cert)).status_code == 200,
             f"gateway {probe}")
         return proc
+
+    @property
+    def gateway_admin_url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.gateway_admin_port}"
+
+    def gateway_metrics(self, gateway_url: str | None = None) -> str:
+        """A gateway's Prometheus text (the last one started, or the one serving
+        ``gateway_url``), from its admin listener: the public port has none."""
+        # The gateway's certificate names its identity, not a host: no hostname check.
+        return scrape_metrics(self.gateway_admins[gateway_url or self.gateway_url],
+                              verify=self.admin_tls(check_hostname=False))
+
+    def control_plane_metrics(self) -> str:
+        """The control plane's Prometheus text (with its admin routes: no --admin-port here)."""
+        return scrape_metrics(self.control_plane_url, verify=self.admin_tls())
 
     def workers(self) -> list[dict[str, Any]]:
         with self.admin() as admin:
@@ -258,6 +284,20 @@ class Stack:
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             proc.stop(timeout=10)
+
+
+def scrape_metrics(base_url: str, token: str | None = None, *,
+                   verify: ssl.SSLContext | bool = True) -> str:
+    """GET ``base_url``/metrics as Prometheus would (``verify``: its TLS client
+    context: the admin listeners are mutual TLS); the token defaults to the one
+    the processes were started with ($HEDGEROW_METRICS_TOKEN or $HEDGEROW_ADMIN_TOKEN)."""
+    token = token or os.environ.get("HEDGEROW_METRICS_TOKEN") or os.environ.get(
+        "HEDGEROW_ADMIN_TOKEN")
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    response = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=10,
+                         verify=verify)
+    response.raise_for_status()
+    return response.text
 
 
 def _exited(proc: Proc) -> bool:

@@ -240,13 +240,13 @@ def measure_throughput(workdir: Path, plan: ThroughputPlan) -> dict[str, Any]:
             for name in _rotated(list(TARGETS), round_index):
                 # Unmeasured warm-up: new connections, and each server's caches warm.
                 run_h2load(urls[name], body_for[name], plan, plan.clients * plan.streams)
-                hits_before = exact_hits(stack.gateway_url, stack.ca_cert)
+                hits_before = exact_hits(stack)
                 before = cpu_seconds(pids[name])
                 result = run_h2load(urls[name], body_for[name], plan, plan.requests)
                 m = measured[name]
                 m.cpu_s += cpu_seconds(pids[name]) - before
                 if name != "bare_hypercorn":
-                    m.exact_hits += exact_hits(stack.gateway_url, stack.ca_cert) - hits_before
+                    m.exact_hits += exact_hits(stack) - hits_before
                 m.requests += result.requests
                 m.succeeded += min(result.succeeded, result.status_2xx)
                 m.failed += result.failed + (result.succeeded - result.status_2xx)
@@ -275,10 +275,9 @@ def prime(url: str, ca_cert: Path) -> dict[str, str]:
     return seen
 
 
-def exact_hits(gateway_url: str, ca_cert: Path) -> int:
+def exact_hits(stack: Stack) -> int:
     """The gateway's own count of requests answered by an exact cache hit."""
-    text = httpx.get(gateway_url + "/metrics",
-                     verify=ssl.create_default_context(cafile=ca_cert)).text
+    text = stack.gateway_metrics()
     found = re.search(r'^hedgerow_cache_requests_total\{result="exact"\} ([\d.e+]+)$', text,
                       re.MULTILINE)
     return int(float(found.group(1))) if found else 0

@@ -1,8 +1,9 @@
 """HTTP API of the control plane: worker register / heartbeat / deregister,
 worker list, and the watch stream gateways follow; and the operators' admin
-API (status, policy, upstreams), which ``admin_listener`` moves off this
-listener onto one of its own (``serve_admin``): then this one answers its
-routes 404, as any unknown path."""
+API (status, policy, upstreams) with ``/metrics`` beside it, which
+``admin_listener`` moves off this listener onto one of its own
+(``serve_admin``): then this one answers those routes 404, as any unknown
+path."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ class ControlPlaneApp:
         routes = ControlPlaneRoutes(self.router, self.admin_router, self.guard,
                                     CallerCheck(self.trust))
         routes.internal("GET", "/healthz", self.healthz, roles=ANY_ROLE)
-        routes.admin("GET", "/metrics", self.prometheus)
+        routes.metrics("GET", "/metrics", self.prometheus)
         routes.internal("GET", "/v1/workers", self.list_workers, roles=("gateway", "admin"))
         routes.internal("POST", "/v1/workers", self.register, roles=("worker",))
         routes.internal("POST", "/v1/workers/{worker_id}/heartbeat", self.heartbeat,

@@ -63,6 +63,7 @@ async def run_control_plane(
     policy_file: Path = DEFAULT_POLICY_PATH,
     policy_dir: Path | None = None,
     admin_token: str | None = None,
+    metrics_token: str | None = None,
     redis_url: str | None = None,
     redis_tls: RedisTls = RedisTls(),
     admin_port: int | None = None,
@@ -70,7 +71,8 @@ async def run_control_plane(
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """``admin_token``: required by the admin API; without one, the listener
-    that serves it is on loopback only. ``admin_port``: serve the admin API
+    that serves it is on loopback only. ``metrics_token``: opens ``/metrics``
+    (served with the admin API) and nothing else. ``admin_port``: serve the admin API
     there (on ``admin_host``) and nowhere else; None: on ``port`` with the rest.
     Reports the main port on start."""
     trust, contexts = _open_trust(trust_options, host, admin_host)
@@ -95,7 +97,7 @@ async def run_control_plane(
         upstream_api = await start_upstream_service(supervisor, actor, policy_api.published,
                                                     lease_s)
         app = ControlPlaneApp(actor, published, lease_s, HEARTBEAT_INTERVAL_S, metrics,
-                              policy_api, upstream_api, AdminGuard(admin_token),
+                              policy_api, upstream_api, AdminGuard(admin_token, metrics_token),
                               admin_listener=admin_port is not None, trust=trust)
         scheme = "http" if server_tls is None else "https"
         async with anyio.create_task_group() as tg:

@@ -14,17 +14,23 @@ it is never reachable where clients are:
   alias; ``tenant`` the tenant's own namespace (shared namespaces: purge by
   model or key).
 
+- ``GET /metrics``: the gateway's Prometheus metrics. Only here, never on
+  the public port; with a metrics token (``--metrics-token-file`` or
+  ``$HEDGEROW_METRICS_TOKEN``) that token or the admin token opens it, so
+  Prometheus need not hold the admin token (it can purge).
+
 With an admin token (``--admin-token-file`` or ``$HEDGEROW_ADMIN_TOKEN``,
 the control plane's convention) every route wants
 ``Authorization: Bearer <token>``, compared in constant time; without one
-the listener is forced onto loopback. ``purge`` at the bottom is the
+the listener is forced onto loopback (a metrics token alone does not lift
+that: the cache routes would be open). ``purge`` at the bottom is the
 client ``hedgerow cache purge`` uses.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +38,10 @@ import httpx
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hedgerow.asgi import Handler, Receive, Request, Router, Scope, Send, send_json
+from control_plane.admin_auth import presents_token
+from hedgerow.asgi import Handler, Receive, Request, Router, Scope, Send, send_bytes, send_json
 from hedgerow.errors import AuthenticationFailed, InvalidRequest
+from hedgerow.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:  # the CLI's client below needs none of the cache's imports
     from gateway.cache import ResponseCache
@@ -58,19 +66,29 @@ class PurgeRequest(BaseModel):
         return self
 
 
+# Renders the gateway's metrics (``GatewayApp.render_metrics``).
+MetricsSource = Callable[[], Awaitable[bytes]]
+
+
 @dataclass
 class GatewayAdmin:
-    """The admin ASGI app over one gateway's ``ResponseCache``."""
+    """The admin ASGI app over one gateway's ``ResponseCache`` and its metrics."""
 
     cache: ResponseCache
     token: str | None = None
+    metrics: MetricsSource | None = None  # None: no /metrics route
+    metrics_token: str | None = None
 
     def __post_init__(self) -> None:
-        self._token = self.token.encode() if self.token is not None else None
+        self._tokens = [self.token.encode()] if self.token is not None else []
+        self._metrics_tokens = [t.encode() for t in (self.token, self.metrics_token)
+                                if t is not None]
         self.router = Router()
         self.router.add("GET", "/healthz", self.healthz)
         self.router.add("GET", "/admin/cache", self._guarded(self.stats))
         self.router.add("POST", "/admin/cache/purge", self._guarded(self.purge))
+        if self.metrics is not None:
+            self.router.add("GET", "/metrics", self._metrics_guarded(self.prometheus))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.router.serve(scope, receive, send)
@@ -83,18 +101,27 @@ class GatewayAdmin:
         return guarded
 
     def _check(self, request: Request) -> None:
-        if self._token is None:
-            return
-        scheme, _, presented = (request.header("authorization") or "").partition(" ")
-        # compare_digest on bytes: constant time whatever the presented value.
-        if not (scheme.lower() == "bearer"
-                and hmac.compare_digest(presented.strip().encode(), self._token)):
+        if self._tokens and not presents_token(request, self._tokens):
             raise AuthenticationFailed(
                 "this is the gateway's admin API: send the admin token as "
                 "'Authorization: Bearer <token>'", code="invalid_admin_token")
 
+    def _metrics_guarded(self, handler: Handler) -> Handler:
+        async def guarded(request: Request) -> None:
+            if self._metrics_tokens and not presents_token(request, self._metrics_tokens):
+                raise AuthenticationFailed(
+                    "this is the gateway's /metrics: send the metrics token (or the admin "
+                    "token) as 'Authorization: Bearer <token>'", code="invalid_metrics_token")
+            await handler(request)
+
+        return guarded
+
     async def healthz(self, request: Request) -> None:
         await send_json(request.send, 200, {"status": "ok"})
+
+    async def prometheus(self, request: Request) -> None:
+        assert self.metrics is not None
+        await send_bytes(request.send, 200, await self.metrics(), content_type=CONTENT_TYPE)
 
     async def stats(self, request: Request) -> None:
         body = {**self.cache.stats(),

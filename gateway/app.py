@@ -7,6 +7,13 @@ once (429/503, never touching a worker), then assigns it a worker slot in
 deadline order; the dispatcher gets its first token (retrying or hedging as
 needed); the relay streams the rest. A client that goes away cancels all of
 it, which stops the generation upstream.
+
+This app is the public port: the client API, the chat page, ``/healthz`` and
+``/readyz``, nothing else. Metrics (``render_metrics``) are served by the
+admin listener (``gateway.admin``). Until a policy is in force
+(``awaiting_policy``: following the control plane, none received yet) every
+client API route answers 503 ``policy_unavailable`` rather than serve under a
+built-in default the operator never chose.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from hedgerow import openai_api as oa
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import (
     SSE_HEADERS,
+    Handler,
     Headers,
     Receive,
     Request,
@@ -51,13 +59,13 @@ from hedgerow.errors import (
     GatewayDraining,
     InvalidRequest,
     ModelNotFound,
+    PolicyUnavailable,
     StreamGone,
     UnsupportedMediaType,
     UpstreamFailed,
 )
 from hedgerow.latest import LatestValue
 from hedgerow.logs import request_id_var
-from hedgerow.metrics import CONTENT_TYPE
 from hedgerow.sse import SseParser
 from hedgerow.wire import RegistrySnapshot
 from policies.schema import Policy, PriorityClass
@@ -67,6 +75,9 @@ from policies.scoring import RouteRequest
 from policies.tenancy import Identity, identify
 
 log = logging.getLogger("hedgerow.gateway")
+
+# The policy follower reconnects within 2 s; a client may come back after that.
+POLICY_RETRY_AFTER_S = 2.0
 
 
 @dataclass
@@ -79,6 +90,9 @@ class GatewayApp:
     drain: Drain = field(default_factory=Drain)
     # The response cache; None serves every request fresh.
     cache: ResponseCache | None = None
+    # True: ``policy`` is a placeholder until ``apply_policy`` brings the first
+    # real one; the client API refuses until then.
+    awaiting_policy: bool = False
     streams: StreamBook = field(init=False)
     _flights: dict[str, Flight] = field(init=False, default_factory=dict)
 
@@ -89,13 +103,14 @@ class GatewayApp:
         self.router.add("GET", "/", self.page)
         self.router.add("GET", "/healthz", self.healthz)
         self.router.add("GET", "/readyz", self.readyz)
-        self.router.add("GET", "/metrics", self.prometheus)
-        self.router.add("GET", "/v1/models", self.models)
-        self.router.add("POST", "/v1/chat/completions", self.chat)
-        self.router.add("POST", "/v1/completions", self.completions)
+        client_api = self._needs_policy
+        self.router.add("GET", "/v1/models", client_api(self.models))
+        self.router.add("POST", "/v1/chat/completions", client_api(self.chat))
+        self.router.add("POST", "/v1/completions", client_api(self.completions))
         for kind in ("chat/completions", "completions"):
-            self.router.add("GET", f"/v1/{kind}/{{request_id}}/events", self.resume)
-            self.router.add("POST", f"/v1/{kind}/{{request_id}}/cancel", self.cancel_stream)
+            self.router.add("GET", f"/v1/{kind}/{{request_id}}/events", client_api(self.resume))
+            self.router.add("POST", f"/v1/{kind}/{{request_id}}/cancel",
+                            client_api(self.cancel_stream))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = uuid.uuid4().hex
@@ -114,6 +129,7 @@ class GatewayApp:
         requests already in flight keep the policy they started with.
         """
         self.policy = policy
+        self.awaiting_policy = False
         self.dispatcher.policy = policy
         self._configure_streams(policy)
         if self.cache is not None:
@@ -136,15 +152,26 @@ class GatewayApp:
 
     async def readyz(self, request: Request) -> None:
         live = [w for w in self.directory.value.workers if not w.load.draining]
-        ready = bool(live) and not self.drain.draining
-        body = {"ready": ready, "workers": len(live), "models": list(self._models()),
-                "draining": self.drain.draining}
+        ready = bool(live) and not self.drain.draining and not self.awaiting_policy
+        body = {"ready": ready, "workers": len(live),
+                "models": [] if self.awaiting_policy else list(self._models()),
+                "draining": self.drain.draining, "policy": not self.awaiting_policy}
         await send_json(request.send, 200 if ready else 503, body)
 
-    async def prometheus(self, request: Request) -> None:
+    async def render_metrics(self) -> bytes:
+        """The Prometheus text the admin listener serves at ``/metrics``."""
         stats = await self.scheduler.ask(Stats())
-        body = self.metrics.render(stats, self.directory.value)
-        await send_bytes(request.send, 200, body, content_type=CONTENT_TYPE)
+        return self.metrics.render(stats, self.directory.value)
+
+    def _needs_policy(self, handler: Handler) -> Handler:
+        async def client_api(request: Request) -> None:
+            if self.awaiting_policy:
+                raise PolicyUnavailable(
+                    "this gateway has no policy from the control plane yet; retry shortly",
+                    retry_after=POLICY_RETRY_AFTER_S)
+            await handler(request)
+
+        return client_api
 
     async def models(self, request: Request) -> None:
         data = [

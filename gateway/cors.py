@@ -6,10 +6,12 @@ their pages. The decisions are sans-IO functions of (policy, request headers);
 
 - A request without ``Origin``, or from the gateway's own origin (the chat
   page at ``/``), passes through untouched.
-- A preflight (``OPTIONS`` with ``Access-Control-Request-Method``) is answered
-  here and never reaches the app: 204 with the allowed methods and headers
-  and ``Access-Control-Max-Age`` when origin, method and every requested
-  header are allowed, else 403.
+- A preflight (``OPTIONS`` with ``Access-Control-Request-Method``) for a path
+  the app serves is answered here and never reaches the app: 204 with the
+  allowed methods and headers and ``Access-Control-Max-Age`` when origin,
+  method and every requested header are allowed, else 403. One for a path
+  the app does not serve (``/metrics``, say) goes to the app, which answers
+  404 like any unknown path.
 - Any other cross-origin request from an origin not allowed gets 403 before
   the app runs (no generation is spent on a page the browser would not let
   read the answer); from an allowed one it runs, and the response carries
@@ -115,9 +117,11 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class CorsMiddleware:
     """Wraps the gateway's ASGI app; follows the policy through ``apply_policy``."""
 
-    def __init__(self, app: App, cors: Cors) -> None:
+    def __init__(self, app: App, cors: Cors,
+                 serves: Callable[[str], bool] = lambda path: True) -> None:
         self.app = app
         self.cors = cors
+        self.serves = serves  # whether the app has a route for a path
 
     def apply_policy(self, policy: Policy) -> None:
         self.cors = policy.cors  # one swap: a request sees the old or the new section
@@ -131,7 +135,8 @@ class CorsMiddleware:
             return
         cors = self.cors
         requested_method = _header(scope, b"access-control-request-method")
-        if scope["method"] == "OPTIONS" and requested_method is not None:
+        if (scope["method"] == "OPTIONS" and requested_method is not None
+                and self.serves(str(scope["path"]))):
             answer = preflight(cors, origin, requested_method,
                                _header(scope, b"access-control-request-headers"))
             if answer.refusal is not None:

@@ -33,7 +33,6 @@ from hedgerow.serving import serve_internal
 from hedgerow.trust.peer import require_roles
 from hedgerow.trust.process import InternalTls
 from hedgerow.wire import RegistrySnapshot
-from policies.loader import policy_checksum
 from policies.schema import DEFAULT_POLICY_PATH, Policy, load_policy
 
 log = logging.getLogger("hedgerow.gateway")
@@ -56,8 +55,8 @@ class GatewayOptions:
     certfile: Path | None = None
     keyfile: Path | None = None
     # A local policy file pins the gateway to it. None: follow the control
-    # plane's policy versions (starting from the shipped default until the
-    # control plane answers).
+    # plane's policy versions; until the first arrives the client API answers
+    # 503 policy_unavailable (never a built-in default nobody chose).
     policy_path: Path | None = None
     gateway_id: str | None = None
     # After SIGTERM, how long in-flight requests may run before they are cut.
@@ -74,6 +73,8 @@ class GatewayOptions:
     admin_port: int | None = None
     admin_host: str = "127.0.0.1"
     admin_token: str | None = None
+    # Opens /metrics on the admin listener, and nothing else (for Prometheus).
+    metrics_token: str | None = None
     # Open TCP connections; beyond it new ones are closed at accept, before TLS.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     # Mutual TLS to the control plane and workers, and on the admin listener;
@@ -93,7 +94,10 @@ async def run_gateway(
     *,
     task_status: TaskStatus[GatewayStarted] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
+    # Following the control plane, the shipped default only builds the parts;
+    # ``awaiting_policy`` keeps it from serving anyone until the first version.
     policy = load_policy(options.policy_path or DEFAULT_POLICY_PATH)
+    following = options.policy_path is None
     certfile, keyfile, ca_cert = _certificate(options)
     directory: LatestValue[RegistrySnapshot] = LatestValue(RegistrySnapshot(version=0), -1)
     tls = options.internal_tls or InternalTls(None, options.control_plane)
@@ -122,11 +126,12 @@ async def run_gateway(
             front = scheduler if shared is None else SharedLimitsScheduler(scheduler, shared)
             supervisor.run_service("response-cache", cache.run)
             app = GatewayApp(policy, directory, front,  # type: ignore[arg-type]
-                             Dispatcher(scheduler, workers, policy), cache=cache)
+                             Dispatcher(scheduler, workers, policy), cache=cache,
+                             awaiting_policy=following)
             app.metrics.watch_cache(cache.stats)
             connections = ConnectionCap(fit_file_limit(options.max_connections))
             app.metrics.watch_connections(connections.stats)
-            edge = CorsMiddleware(app, policy.cors)
+            edge = CorsMiddleware(app, policy.cors, app.router.serves)
 
             async def apply_policy(new: Policy) -> None:
                 edge.apply_policy(new)
@@ -134,12 +139,14 @@ async def run_gateway(
 
             if shared is not None:
                 log.info("tenants' requests/s and tokens/min limits are shared through Redis")
-            if options.policy_path is None:
+            if following:
                 gateway_id = options.gateway_id or default_gateway_id(options.port)
+                # No checksum: the first version is applied even when it equals the default.
                 policies = PolicyFollower(options.control_plane, gateway_id, apply_policy,
-                                          RunningPolicy(0, policy_checksum(policy)),
-                                          verify=tls.client())
+                                          RunningPolicy(0, ""), verify=tls.client())
                 supervisor.run_service("policy-follower", policies.run)
+                log.info("following the control plane's policy at %s; the client API "
+                         "answers 503 until the first version arrives", options.control_plane)
             else:
                 log.info("policy pinned to %s (not following the control plane)",
                          options.policy_path)
@@ -153,8 +160,11 @@ async def run_gateway(
                     await _begin_drain(app.drain, options.drain_timeout_s, tg)
 
                 if options.admin_port is not None:
-                    await _serve_admin(tg, GatewayAdmin(cache, options.admin_token),
-                                       options, shutdown, tls)
+                    admin = GatewayAdmin(cache, options.admin_token, app.render_metrics,
+                                         options.metrics_token)
+                    await _serve_admin(tg, admin, options, shutdown, tls)
+                else:
+                    log.info("no --admin-port: metrics and the cache admin API are not served")
                 port = await tg.start(functools.partial(serve, connection_cap=connections),
                                       edge, config, drain_on_shutdown)
                 hosts = [options.host] if isinstance(options.host, str) else options.host
@@ -180,7 +190,7 @@ async def _serve_admin(tg: TaskGroup, admin: GatewayAdmin, options: GatewayOptio
         host, served = admin_bind_host(options.admin_host, options.admin_token), admin
     port = await tg.start(functools.partial(serve_internal, tls=tls.server()), served, host,
                           options.admin_port, shutdown)
-    log.info("gateway admin API listening on %s://%s:%d%s", tls.scheme, host, port,
+    log.info("gateway admin API and /metrics listening on %s://%s:%d%s", tls.scheme, host, port,
              "" if options.admin_token or tls.enabled else " (no admin token: unauthenticated)")
 
 

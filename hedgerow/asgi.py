@@ -176,6 +176,10 @@ class Router:
                 await discard_request_body(scope, receive)
             await send_error(send, error, extra)
 
+    def serves(self, path: str) -> bool:
+        """Whether any route, of whatever method, matches ``path``."""
+        return any(route.pattern.match(path) for route in self._routes)
+
     def resolve(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
         allowed: list[str] = []
         for route in self._routes:

@@ -137,8 +137,11 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
                     help="watched directory: a changed *.yaml file there is applied")
     cp.add_argument("--admin-token-file", type=Path,
                     help="admin API token (default $HEDGEROW_ADMIN_TOKEN; none: loopback only)")
+    cp.add_argument("--metrics-token-file", type=Path,
+                    help="read-only token for GET /metrics, which is served with the admin "
+                         "API (default $HEDGEROW_METRICS_TOKEN; none: the admin token)")
     cp.add_argument("--admin-port", type=int, default=None, metavar="N",
-                    help="serve the admin API (status, policy, upstreams) on "
+                    help="serve the admin API (status, policy, upstreams) and /metrics on "
                          "http://ADMIN-HOST:N only, not on --port (default: on --port)")
     cp.add_argument("--admin-host", default="127.0.0.1",
                     help="admin API address with --admin-port (default 127.0.0.1; "
@@ -254,12 +257,15 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                            "(rediss://USER:PASSWORD@HOST:PORT/DB; default $HEDGEROW_REDIS_URL; "
                            "none: per gateway)")
     gw.add_argument("--admin-port", type=int, default=None, metavar="N",
-                    help="serve the admin API (cache purge, stats) on http://ADMIN-HOST:N "
-                         "(default: off)")
+                    help="serve the admin API (cache purge, stats) and /metrics on "
+                         "http://ADMIN-HOST:N, never on --port (default: off)")
     gw.add_argument("--admin-host", default="127.0.0.1",
                     help="admin API address (default 127.0.0.1; loopback only without a token)")
     gw.add_argument("--admin-token-file", type=Path,
                     help="admin API token (default $HEDGEROW_ADMIN_TOKEN; none: loopback only)")
+    gw.add_argument("--metrics-token-file", type=Path,
+                    help="read-only token for GET /metrics on the admin port "
+                         "(default $HEDGEROW_METRICS_TOKEN; none: the admin token)")
     gw.add_argument("--max-connections", type=int, default=4096, metavar="N",
                     help="open connections (TCP and QUIC) at most; beyond it new ones are "
                          "refused before TLS (default 4096; the open-file limit is raised "
@@ -407,7 +413,7 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     from hedgerow.policy_cli import check_startup_policy
     from policies.schema import DEFAULT_POLICY_PATH
 
-    from control_plane.admin_auth import read_admin_token
+    from control_plane.admin_auth import read_admin_token, read_metrics_token
 
     policy_file = args.policy or DEFAULT_POLICY_PATH
     problem = check_startup_policy(policy_file, args.policy_dir)
@@ -419,8 +425,9 @@ def _run_control_plane(args: argparse.Namespace) -> int:
         return 2
     try:
         admin_token = read_admin_token(args.admin_token_file)
+        metrics_token = read_metrics_token(args.metrics_token_file)
     except (OSError, ValueError) as error:
-        print(f"hedgerow: cannot use the admin token: {error}", file=sys.stderr)
+        print(f"hedgerow: cannot use the token: {error}", file=sys.stderr)
         return 1
     from control_plane.main import TrustOptions
 
@@ -434,19 +441,20 @@ def _run_control_plane(args: argparse.Namespace) -> int:
         lambda shutdown: run_control_plane(
             args.host, args.port, shutdown, trust_options=trust, lease_s=args.lease_s,
             policy_file=policy_file, policy_dir=args.policy_dir, admin_token=admin_token,
-            redis_url=args.redis, redis_tls=_redis_tls(args), admin_port=args.admin_port,
+            metrics_token=metrics_token, redis_url=args.redis, redis_tls=_redis_tls(args), admin_port=args.admin_port,
             admin_host=args.admin_host)))
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
-    from control_plane.admin_auth import read_admin_token
+    from control_plane.admin_auth import read_admin_token, read_metrics_token
     from gateway.main import GatewayOptions, run_gateway
     from gateway.transport import local_hosts
 
     try:
         admin_token = read_admin_token(args.admin_token_file)
+        metrics_token = read_metrics_token(args.metrics_token_file)
     except (OSError, ValueError) as error:
-        print(f"hedgerow: cannot use the admin token: {error}", file=sys.stderr)
+        print(f"hedgerow: cannot use the token: {error}", file=sys.stderr)
         return 1
     if args.max_connections < 1:
         print("hedgerow: --max-connections must be at least 1", file=sys.stderr)
@@ -464,7 +472,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout_s, redis_url=args.redis,
         redis_tls=_redis_tls(args), pop=args.pop,
         admin_port=args.admin_port, admin_host=args.admin_host, admin_token=admin_token,
-        max_connections=args.max_connections,
+        metrics_token=metrics_token, max_connections=args.max_connections,
     )
     return _run_reporting_setup_errors(
         lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))

@@ -28,6 +28,7 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     ├── RateLimited                     429 rate_limit_exceeded (Retry-After)
     ├── NoHealthyWorker                 503 service_unavailable (Retry-After)
     ├── GatewayDraining                 503 service_unavailable (Retry-After)
+    ├── PolicyUnavailable               503 service_unavailable (Retry-After)
     ├── UpstreamFailed                  502 upstream_error (message fixed per code;
     │                                        the worker's detail is for the log only)
     └── RuntimeFault                    500 server_error
@@ -201,6 +202,15 @@ class GatewayDraining(HedgerowError):
     status = 503
     error_type = "service_unavailable"
     default_code = "gateway_draining"
+
+
+class PolicyUnavailable(HedgerowError):
+    """No policy in force yet: the gateway follows the control plane's and has
+    not received one (an operator pins one with ``--policy``)."""
+
+    status = 503
+    error_type = "service_unavailable"
+    default_code = "policy_unavailable"
 
 
 class SharedStateUnavailable(HedgerowError):

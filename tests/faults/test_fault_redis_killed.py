@@ -126,8 +126,7 @@ def drive(cluster: Cluster, url: str, traffic: Traffic, tag: str) -> None:
 
 
 def _metric(cluster: Cluster, url: str, name: str, **labels: str) -> float:
-    with _client(cluster, url) as http:
-        text = http.get("/metrics").text
+    text = cluster.stack.gateway_metrics(url)
     return sum(sample.value for family in text_string_to_metric_families(text)
                for sample in family.samples
                if sample.name == name and all(sample.labels.get(k) == v

@@ -2,8 +2,9 @@
 against a real control-plane process, a real worker and the real CLI.
 
 Split, the main port serves workers and gateways only and answers every admin
-route 404 like any unknown path; the admin port serves the admin routes,
-behind the token, and nothing of the workers' or gateways'.
+route (and ``/metrics``) 404 like any unknown path; the admin port serves the
+admin routes, behind the token, ``/metrics`` behind the metrics or the admin
+token, and nothing of the workers' or gateways'.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tests.support.stack import Stack, free_port, wait_for
 pytestmark = pytest.mark.e2e
 
 TOKEN = "s3cret-admin-token-for-the-admin-listener"
+METRICS_TOKEN = "read-only-metrics-token-for-prometheus"
 POLICY = """\
 classes:
   - {name: interactive, ttft_slo_ms: 1000, deadline_ms: 10000}
@@ -59,12 +61,14 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     root = tmp_path_factory.mktemp("admin-listener")
     (root / "policy.yaml").write_text(POLICY)
     (root / "token").write_text(f"{TOKEN}\n")
+    (root / "metrics-token").write_text(f"{METRICS_TOKEN}\n")
     stack = Stack(root)
     stack.control_plane_port = free_port()
     plane = Plane(stack, root, free_port())
     stack.spawn("control-plane", "control-plane", "--port", str(stack.control_plane_port),
                 "--admin-port", str(plane.admin_port), "--lease-s", "2",
-                "--policy", str(root / "policy.yaml"), "--admin-token-file", str(root / "token"))
+                "--policy", str(root / "policy.yaml"), "--admin-token-file", str(root / "token"),
+                "--metrics-token-file", str(root / "metrics-token"))
     try:
         for url in (plane.main, plane.admin):
             wait_for(lambda: httpx.get(url + "/healthz").status_code == 200, "control plane")
@@ -83,7 +87,7 @@ def hedgerow(*args: str, env_extra: dict[str, str] | None = None,
                           capture_output=True, text=True, timeout=30, env=env)
 
 
-@pytest.mark.parametrize(("method", "path"), ADMIN_ROUTES)
+@pytest.mark.parametrize(("method", "path"), [*ADMIN_ROUTES, ("GET", "/metrics")])
 def test_the_main_port_answers_admin_routes_404_even_with_the_token(
         plane: Plane, method: str, path: str) -> None:
     response = httpx.request(method, plane.main + path, content=POLICY.encode(),
@@ -119,12 +123,31 @@ def test_workers_and_gateways_stay_on_the_main_port_only(plane: Plane) -> None:
     with httpx.stream("GET", plane.main + "/v1/policy/watch") as watch:
         assert watch.status_code == 200
     for method, path in (("GET", "/v1/workers"), ("POST", "/v1/workers"), ("GET", "/v1/watch"),
-                         ("POST", "/v1/workers/sim-1/heartbeat"), ("GET", "/metrics"),
+                         ("POST", "/v1/workers/sim-1/heartbeat"),
                          ("POST", "/v1/gateways/g/policy")):
         response = httpx.request(method, plane.admin + path, content=b"{}")
         assert response.status_code == 404, (path, response.status_code)
     # There it is the admin route /v1/policy/{version}, not the open watch stream.
     assert httpx.get(plane.admin + "/v1/policy/watch").status_code == 401
+
+
+def test_metrics_are_on_the_admin_port_for_the_metrics_or_the_admin_token(
+        plane: Plane) -> None:
+    url = plane.admin + "/metrics"
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": METRICS_TOKEN}):
+        refused = httpx.get(url, headers=headers)
+        assert refused.status_code == 401, headers
+        assert refused.json()["error"]["code"] == "invalid_metrics_token"
+    for token in (METRICS_TOKEN, TOKEN):
+        scraped = httpx.get(url, headers={"authorization": f"Bearer {token}"})
+        assert scraped.status_code == 200
+        assert scraped.headers["content-type"].startswith("text/plain")
+        assert "hedgerow_control_plane_workers 1.0" in scraped.text
+    # The metrics token is read-only: it opens no admin route.
+    for method, path in ADMIN_ROUTES:
+        response = httpx.request(method, plane.admin + path, content=POLICY.encode(),
+                                 headers={"authorization": f"Bearer {METRICS_TOKEN}"})
+        assert response.status_code == 401, (method, path)
 
 
 def test_the_cli_reaches_the_admin_port_by_flag_or_environment(plane: Plane) -> None:

@@ -39,7 +39,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
-from tests.support.stack import Proc, Stack, free_port, wait_for
+from tests.support.stack import Proc, Stack, free_port, scrape_metrics, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -157,9 +157,10 @@ def _generations(rig: Rig | Stack) -> int:
     return int(stack.worker_status("sim-1")["generations_total"])
 
 
-def _metric(http: httpx.Client, name: str, **labels: str) -> float:
+def _metric(gateway: Gateway, name: str, **labels: str) -> float:
+    """From the gateway's admin port, with the admin token (no metrics token is set)."""
     total = 0.0
-    for family in text_string_to_metric_families(http.get("/metrics").text):
+    for family in text_string_to_metric_families(scrape_metrics(gateway.admin, ADMIN_TOKEN)):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += float(sample.value)
@@ -174,7 +175,7 @@ def test_an_answer_generated_through_one_gateway_is_an_exact_hit_on_the_other(ri
         generated = _generations(rig)
         assert _until_hit(b, question) == text
         assert _generations(rig) == generated  # b answered without the worker
-        assert _metric(b, "hedgerow_cache_requests_total", result="exact") >= 1
+        assert _metric(rig.b, "hedgerow_cache_requests_total", result="exact") >= 1
 
 
 def test_with_redis_killed_mid_traffic_every_request_succeeds_and_sharing_resumes(
@@ -216,7 +217,7 @@ def test_with_redis_killed_mid_traffic_every_request_succeeds_and_sharing_resume
     assert len(statuses) > during > killed_at > 0  # traffic ran before and all through
     assert set(statuses) == {200}, statuses
     with _client(rig, rig.a.url) as a, _client(rig, rig.b.url) as b:
-        assert _metric(a, "hedgerow_cache_redis_faults_total") > 0
+        assert _metric(rig.a, "hedgerow_cache_redis_faults_total") > 0
         # Redis is back (empty): after the retry pause, one gateway's answer is
         # the other's hit again.
         question = "asked after Redis came back"
@@ -323,7 +324,7 @@ def test_a_paraphrase_is_a_semantic_hit_with_the_real_embedding_model(rig: Rig) 
         assert (paraphrase, result) == (text, "semantic")
         # Swapped units: as similar as the paraphrase (cosine ~0.98), refused by a guard.
         assert _ask(http, "How far is 5 miles in km?")[1] == "miss"
-        assert _metric(http, "hedgerow_cache_guard_rejections_total", reason="units") == 1
+        assert _metric(gateway, "hedgerow_cache_guard_rejections_total", reason="units") == 1
     # The model runs in the sidecar: torch is mapped there, never in the gateway.
     gateway_pid = gateway.proc.popen.pid
     (sidecar,) = _children(gateway_pid, "gateway.cache.embed_server")

@@ -359,6 +359,8 @@ def test_no_healthy_worker_is_503_with_retry_after(tmp_path: Path) -> None:
         empty.start_control_plane()
         empty.start_gateway(wait_ready=False)
         with httpx.Client(base_url=empty.gateway_url, verify=tls(empty)) as http:
+            # The control plane's policy arrives (before it: 503 policy_unavailable).
+            wait_for(lambda: http.get("/readyz").json()["policy"], "the policy", 10)
             assert http.get("/readyz").status_code == 503
             response = http.post("/v1/chat/completions", json=chat_body())
         assert response.status_code == 503

@@ -96,7 +96,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 def gateway_scrape(stack: Stack) -> Samples:
-    return scrape(stack.gateway_url, verify=ssl.create_default_context(cafile=stack.ca_cert))
+    return scrape(stack.gateway_admin_url)  # its admin listener: the public port has none
 
 
 def worker_scrape(stack: Stack, worker_id: str) -> Samples:
@@ -204,6 +204,17 @@ def test_workers_count_their_generations(stack: Stack) -> None:
     assert value(fast, "hedgerow_worker_slots") == 2
     assert value(fast, "hedgerow_worker_active") == 0
     assert delta(broken, broken_before, generations, model=BROKEN, finish_reason="error") == 1
+
+
+def test_the_public_port_answers_metrics_404_like_any_unknown_path(stack: Stack) -> None:
+    with client(stack) as http:
+        for method, path in (("GET", "/metrics"), ("HEAD", "/metrics"),
+                             ("GET", "/metrics/"), ("GET", "/admin/cache")):
+            response = http.request(method, path)
+            assert response.status_code == 404, (method, path)
+            if method == "GET":
+                assert response.json()["error"]["code"] == "not_found"
+                assert "hedgerow_" not in response.text
 
 
 def test_control_plane_counts_workers_and_watchers(stack: Stack) -> None:

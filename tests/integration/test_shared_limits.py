@@ -86,8 +86,7 @@ def _hammer(gateways: Gateways, url: str, seconds: float, statuses: list[int]) -
 
 
 def _metric(gateways: Gateways, url: str, name: str, **labels: str) -> float:
-    with _client(gateways, url) as http:
-        text = http.get("/metrics").text
+    text = gateways.stack.gateway_metrics(url)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):

@@ -90,8 +90,7 @@ def _alternate(gateways: Gateways, tenant: str, count: int,
 
 
 def _metric(gateways: Gateways, url: str, name: str, **labels: str) -> float:
-    with _client(gateways, url) as http:
-        text = http.get("/metrics").text
+    text = gateways.stack.gateway_metrics(url)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):

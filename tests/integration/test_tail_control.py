@@ -70,8 +70,8 @@ def chat(http: httpx.Client, **headers: str) -> httpx.Response:
         "model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]})
 
 
-def metric(http: httpx.Client, line_prefix: str) -> float:
-    for line in http.get("/metrics").text.splitlines():
+def metric(stack: Stack, line_prefix: str) -> float:
+    for line in stack.gateway_metrics().splitlines():
         if line.startswith(line_prefix):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
@@ -89,9 +89,9 @@ def test_failures_before_first_token_are_retried_invisibly_and_open_the_breaker(
             assert response.status_code == 200
             assert response.headers["x-hedgerow-worker"] == "b-steady"
             assert response.text.rstrip().endswith("data: [DONE]")
-        assert metric(http, "hedgerow_retries_total") >= 2
-        assert metric(http, 'hedgerow_breaker_transitions_total{to="open"}') >= 1
-        assert metric(http, 'hedgerow_breaker_state{worker="a-flaky"}') == 2
+        assert metric(stack, "hedgerow_retries_total") >= 2
+        assert metric(stack, 'hedgerow_breaker_transitions_total{to="open"}') >= 1
+        assert metric(stack, 'hedgerow_breaker_state{worker="a-flaky"}') == 2
         # While open, the flaky worker gets no traffic at all.
         tried = generations(stack, "a-flaky")
         for _ in range(4):
@@ -108,10 +108,10 @@ def test_failures_before_first_token_are_retried_invisibly_and_open_the_breaker(
 
         def closed_again() -> bool:
             chat(http)
-            return metric(http, 'hedgerow_breaker_state{worker="a-flaky"}') == 0
+            return metric(stack, 'hedgerow_breaker_state{worker="a-flaky"}') == 0
 
         wait_for(closed_again, "the breaker to close after a successful probe", timeout=10)
-        assert metric(http, 'hedgerow_breaker_transitions_total{to="closed"}') >= 1
+        assert metric(stack, 'hedgerow_breaker_transitions_total{to="closed"}') >= 1
 
 
 def test_tenant_over_its_concurrency_is_refused_at_the_door(stack: Stack) -> None:

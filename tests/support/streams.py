@@ -87,10 +87,9 @@ def stream_in_thread(stack: Stack, body: dict[str, object]) -> tuple[threading.T
 
 
 def metric(stack: Stack, line_prefix: str) -> float:
-    with client(stack) as http:
-        for line in http.get("/metrics").text.splitlines():
-            if line.startswith(line_prefix):
-                return float(line.rsplit(" ", 1)[1])
+    for line in stack.gateway_metrics().splitlines():
+        if line.startswith(line_prefix):
+            return float(line.rsplit(" ", 1)[1])
     return 0.0
 
 

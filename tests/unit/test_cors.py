@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from gateway.cors import CorsMiddleware
-from hedgerow.asgi import Receive, Scope, Send, send_json
+from hedgerow.asgi import Receive, Router, Scope, Send, send_json
 from policies.loader import parse_policy_document
 from policies.schema import Cors, Policy, PolicyError
 
@@ -54,6 +54,21 @@ async def test_preflight_is_answered_without_reaching_the_app() -> None:
     assert "origin" in response.headers["vary"].lower()
     assert "access-control-allow-credentials" not in response.headers
     assert app.calls == []
+
+
+@pytest.mark.anyio
+async def test_a_preflight_for_a_path_the_app_does_not_serve_is_its_404() -> None:
+    router = Router()
+    router.add("POST", "/v1/chat/completions", lambda request: send_json(request.send, 200, {}))
+    middleware = CorsMiddleware(router.serve, Cors(allow_origins=(APP_ORIGIN,)), router.serves)
+    transport = httpx.ASGITransport(app=middleware)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="https://gw.example") as client:
+        served = await client.options("/v1/chat/completions",
+                                      headers=preflight_headers(APP_ORIGIN))
+        unknown = await client.options("/metrics", headers=preflight_headers(APP_ORIGIN, "GET"))
+    assert served.status_code == 204
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+    assert "access-control-allow-methods" not in unknown.headers
 
 
 @pytest.mark.anyio
