@@ -53,7 +53,10 @@ def _client(stack: Stack) -> httpx.Client:
 
 
 def _dead_control_plane(root: Path) -> Stack:
-    stack = Stack(root)
+    # Plain internal HTTP: a gateway that never met a control plane has no identity
+    # and cannot join one that is down; what is tested here is the policy it serves
+    # and its public surface (internal trust has tests of its own).
+    stack = Stack(root, insecure=True)
     stack.control_plane_port = free_port()  # nothing listens there (yet)
     return stack
 
@@ -83,7 +86,8 @@ def test_without_a_policy_the_client_api_is_503_until_the_control_plane_sends_on
             # The control plane comes up (with a worker): its policy arrives, and
             # the same gateway now serves.
             stack.spawn("control-plane", "control-plane", "--port",
-                        str(stack.control_plane_port), "--lease-s", "2")
+                        str(stack.control_plane_port), "--lease-s", "2",
+                        *stack.control_plane_args(free_port()))
             wait_for(lambda: httpx.get(stack.control_plane_url + "/healthz").status_code == 200,
                      "the control plane")
             stack.start_worker("sim-1", *SIM)
