@@ -175,7 +175,7 @@ def test_any_accepted_url_leads_to_its_own_host_and_the_gateways_path(tail: str,
     assert (parts.path, parts.query, parts.fragment, parts.username) == (PATH, "", "", None)
     assert parts.port == endpoint.port and f"{parts.scheme}://{parts.netloc}" == endpoint.origin
     origin, prefix = HttpPool()._target(url)
-    assert origin[1:] == (parts.hostname, endpoint.port)
+    assert origin[1:3] == (parts.hostname, endpoint.port) and origin[3] == ""  # no identity asked
     assert prefix == f" {PATH} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode()
 
 
@@ -186,8 +186,9 @@ def test_the_pool_itself_refuses_a_url_that_could_pick_its_request_line(url: str
         HttpPool()._target(url)
 
 
-@pytest.mark.parametrize(("host", "url"), [("10.0.0.7", "http://10.0.0.7:9000"),
-                                           ("fd00::7", "http://[fd00::7]:9000")])
-def test_a_worker_advertises_a_url_its_registration_accepts(host: str, url: str) -> None:
-    advertised = _url_of(host, 9000)
+@pytest.mark.parametrize(("scheme", "host", "url"), [
+    ("http", "10.0.0.7", "http://10.0.0.7:9000"), ("https", "fd00::7", "https://[fd00::7]:9000")])
+def test_a_worker_advertises_a_url_its_registration_accepts(scheme: str, host: str,
+                                                             url: str) -> None:
+    advertised = _url_of(scheme, host, 9000)
     assert SelfRegistration.model_validate({**GOOD, "url": advertised}).url == url
