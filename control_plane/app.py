@@ -166,7 +166,11 @@ class ControlPlaneApp:
         worker_id = request.path_params["worker_id"]
         self._own_worker(worker_id)
         await self.registry.ask(Beat(worker_id, beat.load), timeout=ASK_TIMEOUT_S)
-        await send_json(request.send, 200, {"worker_id": worker_id, "lease_s": self.lease_s})
+        reply: dict[str, Any] = {"worker_id": worker_id, "lease_s": self.lease_s}
+        if self.trust is not None:
+            # Workers learn of revoked gateways here, within a heartbeat.
+            reply["revoked"] = self.trust.revoked_callers()
+        await send_json(request.send, 200, reply)
 
     async def deregister(self, request: Request) -> None:
         worker_id = request.path_params["worker_id"]

@@ -38,6 +38,7 @@ DEFAULT_CERT_TTL_S = 3600.0
 ADMIN_CERT_TTL = datetime.timedelta(days=30)
 SERVING_CERT_TTL = datetime.timedelta(days=30)
 SERVING_RENEW_BEFORE = datetime.timedelta(days=10)
+MAX_REVOKED_SENT = 1000
 ANY_ROLE: tuple[Role, ...] = ("control-plane", "gateway", "worker", "admin")
 
 
@@ -143,6 +144,14 @@ class TrustService:
             raise PermissionDenied(f"{peer.identity} may not call this "
                                    f"(only {', '.join(roles)})")
         return peer.identity
+
+    def revoked_callers(self) -> dict[str, float]:
+        """Revoked gateway and admin identities (newest first, bounded): what workers
+        must refuse though the certificates still verify."""
+        rows = [(k, v) for k, v in self.book.revoked.items()
+                if k.startswith(("gateway/", "admin/"))]
+        rows.sort(key=lambda row: row[1], reverse=True)
+        return dict(rows[:MAX_REVOKED_SENT])
 
     def revoked(self, peer: Peer | None) -> bool:
         return peer is not None and self.book.is_revoked(peer.identity,

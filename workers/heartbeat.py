@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from hedgerow.actors import Actor
+from hedgerow.trust.peer import Revocations
 from hedgerow.wire import Heartbeat, SelfRegistration, WorkerLoad
 
 log = logging.getLogger("hedgerow.worker.heartbeat")
@@ -39,6 +40,7 @@ class HeartbeatActor(Actor):
         current_load: Callable[[], WorkerLoad],
         *,
         verify: ssl.SSLContext | bool = True,
+        revocations: Revocations | None = None,
     ) -> None:
         """``verify``: the worker's mutual-TLS client context (its certificate)."""
         self.base = control_plane_url.rstrip("/")
@@ -48,6 +50,7 @@ class HeartbeatActor(Actor):
         self.leaving = False
         self._reported_down = False
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(2.0), verify=verify)
+        self.revocations = revocations
 
     async def on_start(self) -> None:
         await self.on_tick()
@@ -98,3 +101,5 @@ class HeartbeatActor(Actor):
             await self._register()
             return
         response.raise_for_status()
+        if self.revocations is not None:
+            self.revocations.update(response.json().get("revoked"))

@@ -25,7 +25,7 @@ from anyio.abc import TaskStatus
 
 from hedgerow.actors import Supervisor
 from hedgerow.serving import serve_internal
-from hedgerow.trust.peer import require_roles
+from hedgerow.trust.peer import Revocations, require_roles
 from hedgerow.trust.process import InternalTls
 from hedgerow.wire import SelfRegistration, WorkerLoad
 from workers.app import WorkerApp, WorkerState
@@ -139,7 +139,8 @@ async def run_worker(
     tls = options.tls or InternalTls(None, options.control_plane)
     app = WorkerApp(backend, state)
     # Only gateways (and operators) may call a worker: it holds every tenant's prompts.
-    served = require_roles(app, ("gateway", "admin")) if tls.enabled else app
+    revocations = Revocations()
+    served = require_roles(app, ("gateway", "admin"), revocations) if tls.enabled else app
     server_stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         port = await tg.start(partial(serve_internal, tls=tls.server()), served, options.host,
@@ -164,7 +165,7 @@ async def run_worker(
             link = await supervisor.spawn(
                 lambda: HeartbeatActor(options.control_plane, registration,
                                        lambda: current_load(backend, state),
-                                       verify=tls.client()),
+                                       verify=tls.client(), revocations=revocations),
                 name="heartbeat",
             )
             log.info("worker %s serving %s on port %d", worker_id, backend.models, port)

@@ -66,10 +66,32 @@ def install_peer_capture() -> None:
     TCPServer.run = run  # type: ignore[method-assign]
 
 
-def require_roles(app: Any, roles: tuple[str, ...]) -> Any:
+class Revocations:
+    """Identities revoked on the control plane, as a worker learns them from its
+    heartbeats: a certificate of one, issued before its revocation, is refused
+    though it still verifies."""
+
+    MAX = 10_000
+
+    def __init__(self) -> None:
+        self._revoked: dict[str, float] = {}
+
+    def update(self, revoked: object) -> None:
+        if not isinstance(revoked, dict):
+            return
+        self._revoked = {str(k): float(v) for k, v in list(revoked.items())[:self.MAX]
+                         if isinstance(v, (int, float))}
+
+    def revoked(self, peer: Peer) -> bool:
+        when = self._revoked.get(str(peer.identity))
+        return when is not None and peer.issued_at.timestamp() <= when
+
+
+def require_roles(app: Any, roles: tuple[str, ...],
+                  revocations: Revocations | None = None) -> Any:
     """``app`` behind a check of the peer's role (workers: only gateways and
-    admins may call them). ``lifespan`` passes through; refusals use the
-    OpenAI error envelope."""
+    admins may call them) and of ``revocations``. ``lifespan`` passes through;
+    refusals use the OpenAI error envelope."""
     from hedgerow.asgi import send_error
     from hedgerow.errors import AuthenticationFailed, PermissionDenied
 
@@ -80,6 +102,10 @@ def require_roles(app: Any, roles: tuple[str, ...]) -> Any:
                 await send_error(send, AuthenticationFailed(
                     "an internal listener: present a client certificate from the cluster CA",
                     code="client_certificate_required"))
+                return
+            if revocations is not None and revocations.revoked(peer):
+                await send_error(send, AuthenticationFailed(
+                    f"{peer.identity} is revoked", code="identity_revoked"))
                 return
             if peer.identity.role not in roles:
                 await send_error(send, PermissionDenied(

@@ -232,6 +232,20 @@ def test_revoking_a_token_revokes_every_identity_it_bought(stack: Stack, tmp_pat
     revoked = as_identity(stack, tmp_path / "identity-gateway-gw-revoked")
     reply = httpx.get(stack.control_plane_url + "/v1/workers", verify=revoked, timeout=5)
     assert reply.status_code == 401
+    # Workers learn it from their next heartbeat: its certificate, still valid
+    # for an hour, no longer opens them either.
+    url = stack.worker("sim-a")["registration"]["url"]  # type: ignore[index]
+    revoked.check_hostname = False
+
+    def refused_by_worker() -> bool:
+        answer = httpx.get(url + "/status", verify=revoked, timeout=5)
+        return answer.status_code == 401 and answer.json()["error"]["code"] == "identity_revoked"
+
+    wait_for(refused_by_worker, "the worker to refuse the revoked gateway", 3.0)
+    live = as_identity(stack, stack.root / "state" / next(
+        p.name for p in (stack.root / "state").iterdir() if p.name.startswith("identity-gateway")),
+        check_hostname=False)
+    assert httpx.get(url + "/status", verify=live, timeout=5).status_code == 200
 
 
 def test_certificates_renew_under_live_streams_and_no_stream_drops(tmp_path: Path) -> None:
