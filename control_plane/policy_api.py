@@ -37,6 +37,7 @@ from control_plane.gateways import GatewayAnswer, GatewayBook
 from control_plane.policy_store import PolicyVersion
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import SSE_HEADERS, Request, send_json, sse_event, stream_until_disconnect
+from hedgerow.decimal_text import parse_decimal
 from hedgerow.errors import InvalidRequest
 from hedgerow.latest import LatestValue
 from hedgerow.wire import PolicyApplied, PolicyHistory, PolicyValidated
@@ -167,9 +168,10 @@ async def _policy_text(request: Request, source: str) -> str:
 
 def _version_param(request: Request) -> int:
     raw = request.path_params["version"]
-    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
-        raise InvalidRequest(f"policy version must be a positive integer, got {raw!r}")
-    return int(raw)
+    version = parse_decimal(raw)
+    if version is None or version < 1:
+        raise InvalidRequest(f"policy version must be a positive integer, got {raw[:40]!r}")
+    return version
 
 
 def _source_param(request: Request) -> str:

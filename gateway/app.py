@@ -47,6 +47,7 @@ from hedgerow.asgi import (
     send_json,
     send_text,
 )
+from hedgerow.decimal_text import MAX_DIGITS, parse_decimal
 from hedgerow.errors import (
     GatewayDraining,
     InvalidRequest,
@@ -552,10 +553,11 @@ def _deadlines(klass: PriorityClass, header: str | None) -> tuple[int, int]:
 def _tighter_deadline(class_deadline_ms: int, header: str | None) -> int:
     if header is None:
         return class_deadline_ms
-    if not header.strip().isdigit() or int(header) < 1:
-        raise InvalidRequest("x-hedgerow-deadline-ms must be a positive integer",
-                             param="x-hedgerow-deadline-ms")
-    return min(class_deadline_ms, int(header))
+    deadline_ms = parse_decimal(header.strip(" \t"))
+    if deadline_ms is None or deadline_ms < 1:
+        raise InvalidRequest(f"x-hedgerow-deadline-ms must be a positive integer of at most "
+                             f"{MAX_DIGITS} ASCII digits", param="x-hedgerow-deadline-ms")
+    return min(class_deadline_ms, deadline_ms)
 
 
 def _last_event_id(request: Request) -> int:
@@ -564,12 +566,13 @@ def _last_event_id(request: Request) -> int:
     raw = request.header("last-event-id")
     if raw is None:
         raw = request.query().get("last_event_id")
-    if raw is None or raw.strip() == "":
+    if raw is None or raw.strip(" \t") == "":
         return 0
-    if not raw.strip().isdigit():
-        raise InvalidRequest("Last-Event-ID must be a non-negative integer event id",
-                             param="Last-Event-ID")
-    return int(raw)
+    event_id = parse_decimal(raw.strip(" \t"))
+    if event_id is None:
+        raise InvalidRequest("Last-Event-ID must be a non-negative integer event id of at "
+                             f"most {MAX_DIGITS} ASCII digits", param="Last-Event-ID")
+    return event_id
 
 
 def _upstream_body(request_json: dict[str, Any], model: str) -> bytes:
