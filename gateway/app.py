@@ -24,7 +24,7 @@ from gateway.attempt import UpstreamCall, WorkerRejected
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics, status_of
-from gateway.page import CHAT_PAGE
+from gateway.page import CHAT_PAGE, CHAT_PAGE_CSP
 from gateway.cache import CacheEntry, Hit, ResponseCache
 from gateway.cache.keys import bypasses_lookup, cacheable
 from gateway.generation import Generation, classify
@@ -130,7 +130,8 @@ class GatewayApp:
     # -- plain routes ---------------------------------------------------
 
     async def page(self, request: Request) -> None:
-        await send_text(request.send, 200, CHAT_PAGE, b"text/html; charset=utf-8")
+        await send_text(request.send, 200, CHAT_PAGE, b"text/html; charset=utf-8",
+                        [(b"content-security-policy", CHAT_PAGE_CSP.encode())])
 
     async def healthz(self, request: Request) -> None:
         await send_json(request.send, 200, {"status": "ok"})
