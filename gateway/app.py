@@ -224,8 +224,9 @@ class GatewayApp:
             wanted = Wanted(ticket, call, parsed, chat, observed)
             flight = self._flights.get(caching.key) if caching is not None else None
             if flight is not None and flight.joinable():
+                end_with_draining(flight.stream, in_flight)
                 return await self._join(request, wanted, flight)
-            return await self._lead(request, wanted, caching)
+            return await self._lead(request, wanted, caching, in_flight)
         await _end_cut_request(request, in_flight)
         return True
 
@@ -296,7 +297,8 @@ class GatewayApp:
 
     # -- a generation writes a log; clients follow it ---------------------
 
-    async def _lead(self, request: Request, wanted: Wanted, caching: Caching | None) -> bool:
+    async def _lead(self, request: Request, wanted: Wanted, caching: Caching | None,
+                    in_flight: InFlight) -> bool:
         """Generate the answer, sharing it with identical requests that arrive
         meanwhile and storing it in the cache; False when the client left first.
 
@@ -311,6 +313,7 @@ class GatewayApp:
         stream = StreamLog(ticket.request_id, ticket.tenant, settings.max_buffer_bytes,
                            include_usage=parsed.include_usage())
         flight = Flight(stream)
+        end_with_draining(stream, in_flight)
         if parsed.stream:
             self.streams.add(stream, time.monotonic())
         if caching is not None and caching.share:
@@ -443,6 +446,7 @@ class GatewayApp:
                              "are no longer kept")
         with self.drain.track() as in_flight:
             request.send = in_flight.watch(request.send)
+            end_with_draining(stream, in_flight)
             with stream.reading():
                 await cancel_on_disconnect(
                     request, lambda: self._answer_stream(request, stream, after, None))
@@ -583,10 +587,26 @@ def _upstream_body(request_json: dict[str, Any], model: str) -> bytes:
                          "stream_options": {"include_usage": True}})
 
 
+def _drain_cut_error() -> GatewayDraining:
+    return GatewayDraining("the gateway shut down before the response was complete",
+                           retry_after=1)
+
+
+def end_with_draining(stream: StreamLog, in_flight: InFlight) -> None:
+    """If the drain deadline cuts this request, ``stream`` ends with
+    ``gateway_draining``: set before anything is cancelled, so whichever ends
+    first -- the generation writing the stream's last event, or
+    ``_end_cut_request`` -- the client reads the same error."""
+    def note() -> None:
+        draining = _drain_cut_error()
+        stream.cancel(draining.message, code=draining.code, error_type=draining.error_type)
+
+    in_flight.before_cut.append(note)
+
+
 async def _end_cut_request(request: Request, in_flight: InFlight) -> None:
     """The drain deadline cut this request: end it explicitly, never silently."""
-    draining = GatewayDraining("the gateway shut down before the response was complete",
-                               retry_after=1)
+    draining = _drain_cut_error()
     if not in_flight.response_started:
         raise draining
     if in_flight.response_finished:
