@@ -103,6 +103,9 @@ async def test_the_cut_tells_every_request_before_it_cancels_any() -> None:
     assert all(r.cut for r in requests.values())
 
 
+TOKEN = orjson.dumps({"choices": [{"index": 0, "delta": {"content": "hi"}}]}).decode()
+
+
 class _Admits:
     """The scheduler's side of a generation: every ticket admitted."""
 
@@ -141,9 +144,6 @@ class _OneWorker:
 
     async def report(self, worker_id: str, result: str) -> None:
         pass
-
-
-TOKEN = orjson.dumps({"choices": [{"index": 0, "delta": {"content": "hi"}}]}).decode()
 
 
 @pytest.mark.anyio
