@@ -92,15 +92,21 @@ class PolicyApi:
     async def gateway_answer(self, request: Request) -> None:
         """A gateway's ACK or NACK of one version."""
         body = await request.body(MAX_ANSWER_BODY)
+        expected = InvalidRequest("expected {version: integer, accepted: boolean, checksum?, "
+                                  "error?}")
         try:
             data = orjson.loads(body)
+            version, accepted = data["version"], data["accepted"]
             answer = GatewayAnswer(
                 gateway_id=request.path_params["gateway_id"][:128],
-                version=int(data["version"]), accepted=bool(data["accepted"]),
+                version=version, accepted=accepted,
                 checksum=data.get("checksum"), error=(data.get("error") or None),
                 at=time.monotonic())
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise InvalidRequest("expected {version, accepted, checksum?, error?}") from None
+            raise expected from None
+        # Strict: bool("false") is True, and int() reads "٣" as 3.
+        if type(version) is not int or version < 0 or type(accepted) is not bool:
+            raise expected
         if not answer.accepted:
             log.warning("gateway %s rejected policy version %d: %s",
                         answer.gateway_id, answer.version, answer.error)

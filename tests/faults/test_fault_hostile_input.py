@@ -126,6 +126,26 @@ def test_a_stream_field_that_is_not_a_boolean_is_refused_naming_it(stack: Stack)
                          json={**chat_body(4), "stream": False}).status_code == 200
 
 
+def test_the_control_plane_refuses_odd_numbers_and_booleans(stack: Stack) -> None:
+    base = stack.control_plane_url
+    # A gateway's policy answer: bool("false") would be True, int("١") would be 1.
+    for answer in ({"version": "\u0661", "accepted": True}, {"version": "1", "accepted": True},
+                   {"version": True, "accepted": True}, {"version": 1, "accepted": "false"},
+                   {"version": -1, "accepted": True}, {"version": 1.0, "accepted": True}):
+        response = httpx.post(f"{base}/v1/gateways/odd/policy", json=answer)
+        _assert_client_error(response)
+    assert httpx.post(f"{base}/v1/gateways/odd/policy",
+                      json={"version": 1, "accepted": True}).status_code == 200
+    # A watcher's ?since= that is no version number is "none known", never a 500.
+    for since in ("%C2%B2", "9" * 5000, "-1", "+1"):
+        with httpx.stream("GET", f"{base}/v1/watch?since={since}", timeout=5) as watch:
+            assert watch.status_code == 200
+            assert next(watch.iter_lines()).startswith(("data:", "id:", "event:"))
+    # A policy version that is not plain digits is a 400, not a 500.
+    for version in ("%C2%B2", "9" * 5000, "+1"):
+        _assert_client_error(httpx.get(f"{base}/v1/policy/{version}"))
+
+
 def test_an_http2_upload_over_the_limit_does_not_cut_other_streams(stack: Stack) -> None:
     """The gateway refuses a body over the limit (413) while the client is still
     sending it; the rest of that body must not kill the connection and with it
