@@ -104,14 +104,13 @@ class Request:
 
     def _declared_length(self) -> int | None:
         """The request's ``content-length``; 400 when it is not a plain decimal.
-        (HTTP/1.1's parser refuses such a request itself; HTTP/2 and HTTP/3
-        hand the header through as the client wrote it.)"""
+        (h11 and h2 refuse such a request themselves; aioquic's HTTP/3 reads it
+        with ``int()``, so ``+5``, `` 5`` or ``5_0`` reach the app.)"""
         raw = self.header("content-length")
         if raw is None:
             return None
         declared = parse_decimal(raw.strip(" \t"))
-        if declared is None:
-            self.body_done = True  # never read: only a stream (h2, h3) carries such a header
+        if declared is None:  # the router drops the unread body (bounded) before answering
             raise InvalidRequest("content-length must be a non-negative integer of at most "
                                  f"{MAX_DIGITS} ASCII digits", param="content-length")
         return declared
