@@ -88,6 +88,9 @@ def parse_head(buffer: bytearray) -> ResponseHead | None:
     del buffer[:end + 4]
     version, status = _status_line(lines[0])
     headers = _header_fields(lines[1:])
+    if version == b"HTTP/1.0" and "transfer-encoding" in headers:
+        # RFC 9112 §6.1: HTTP/1.0 has no transfer codings; such framing is faulty.
+        raise ProtocolError("transfer-encoding in an HTTP/1.0 response")
     connection = headers.get("connection", "").lower()
     keep_alive = version == b"HTTP/1.1" and "close" not in connection
     return ResponseHead(status, headers, keep_alive)

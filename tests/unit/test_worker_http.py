@@ -384,6 +384,15 @@ async def test_a_reply_with_odd_framing_headers_is_a_malformed_upstream(framing:
     assert code == "upstream_malformed"
 
 
+async def test_transfer_encoding_in_an_http10_reply_is_a_malformed_upstream() -> None:
+    head = b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    async with serving(lambda c, r: [head + b"b\r\n" + OK_BODY + b"\r\n0\r\n\r\n"]) as server:
+        workers = client()
+        code = await failure_code(workers.open_stream("w", server.url, b"{}", "r1"))
+        await workers.aclose()
+    assert code == "upstream_malformed"
+
+
 @pytest.mark.parametrize("framing", [
     b"content-length: 11\r\n",
     b"content-length:   11 \t\r\n",
