@@ -5,9 +5,10 @@
   within 2 s, and the ports are free for the next ``hedgerow up``.
 - A gateway with nothing in flight exits within 2 s of SIGTERM, while idle
   HTTP/1.1 and HTTP/2 connections are open (a browser tab with the chat page)
-  and its embedding sidecar is still starting (an empty ONNX cache: it is
-  exporting the model). Before: 30 s, asyncio's TLS shutdown timeout waiting
-  for the idle clients' close_notify.
+  and its embedding sidecar is still starting (an empty ONNX cache: here it
+  spends its first 10-20 s exporting the model). Before: 30 s, asyncio's TLS
+  shutdown timeout waiting for the idle clients' close_notify; the sidecar's
+  export itself never held the exit up (0.2-0.4 s measured without clients).
 """
 
 from __future__ import annotations
@@ -159,7 +160,6 @@ def test_an_idle_gateway_exits_within_two_seconds_of_sigterm(idle_gateway: Stack
         # Idle connections, as a browser keeps them: open, their last answer read.
         assert h1.get("/healthz").http_version == "HTTP/1.1"
         assert h2.get("/healthz").http_version == "HTTP/2"
-        assert not (stack.root / "onnx").exists() or not any((stack.root / "onnx").glob("*.onnx"))
         gateway.popen.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         code = gateway.popen.wait(30)
