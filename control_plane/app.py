@@ -38,6 +38,7 @@ from hedgerow.asgi import (
     sse_event,
     stream_until_disconnect,
 )
+from hedgerow.decimal_text import parse_decimal
 from hedgerow.errors import InvalidRequest, PermissionDenied
 from hedgerow.latest import LatestValue
 from hedgerow.metrics import CONTENT_TYPE
@@ -181,7 +182,9 @@ class ControlPlaneApp:
     async def watch(self, request: Request) -> None:
         """SSE stream of whole registry snapshots, newest only, one per version."""
         since = request.query().get("since", "-1")
-        known = int(since) if since.lstrip("-").isdigit() else -1
+        # Anything but a version number (e.g. the default -1) means "none known".
+        parsed = parse_decimal(since)
+        known = -1 if parsed is None else parsed
         # A watcher that holds exactly the current version waits for the next;
         # anyone else (new, behind, or ahead of a restarted plane) gets it now.
         start = known if known == self.published.version else -1

@@ -37,6 +37,7 @@ from control_plane.gateways import GatewayAnswer, GatewayBook
 from control_plane.policy_store import PolicyVersion
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import SSE_HEADERS, Request, send_json, sse_event, stream_until_disconnect
+from hedgerow.decimal_text import parse_decimal
 from hedgerow.errors import InvalidRequest, PermissionDenied
 from hedgerow.latest import LatestValue
 from hedgerow.trust.peer import PEER, Peer
@@ -107,15 +108,21 @@ class PolicyApi:
             raise PermissionDenied(f"{peer.identity} may answer only for gateway "
                                    f"{peer.identity.name!r}", code="identity_mismatch")
         body = await request.body(MAX_ANSWER_BODY)
+        expected = InvalidRequest("expected {version: integer, accepted: boolean, checksum?, "
+                                  "error?}")
         try:
             data = orjson.loads(body)
+            version, accepted = data["version"], data["accepted"]
             answer = GatewayAnswer(
                 gateway_id=request.path_params["gateway_id"][:128],
-                version=int(data["version"]), accepted=bool(data["accepted"]),
+                version=version, accepted=accepted,
                 checksum=data.get("checksum"), error=(data.get("error") or None),
                 at=time.monotonic())
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise InvalidRequest("expected {version, accepted, checksum?, error?}") from None
+            raise expected from None
+        # Strict: bool("false") is True, and int() reads "٣" as 3.
+        if type(version) is not int or version < 0 or type(accepted) is not bool:
+            raise expected
         if not answer.accepted:
             log.warning("gateway %s rejected policy version %d: %s",
                         answer.gateway_id, answer.version, answer.error)
@@ -183,9 +190,10 @@ async def _policy_text(request: Request, source: str) -> str:
 
 def _version_param(request: Request) -> int:
     raw = request.path_params["version"]
-    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
-        raise InvalidRequest(f"policy version must be a positive integer, got {raw!r}")
-    return int(raw)
+    version = parse_decimal(raw)
+    if version is None or version < 1:
+        raise InvalidRequest(f"policy version must be a positive integer, got {raw[:40]!r}")
+    return version
 
 
 def _source_param(request: Request) -> str:

@@ -31,7 +31,7 @@ from gateway.attempt import UpstreamCall
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics, status_of
-from gateway.page import CHAT_PAGE
+from gateway.page import CHAT_PAGE, CHAT_PAGE_CSP
 from gateway.cache import CacheEntry, Hit, ResponseCache
 from gateway.cache.keys import bypasses_lookup, cacheable
 from gateway.generation import Generation, classify
@@ -55,6 +55,7 @@ from hedgerow.asgi import (
     send_json,
     send_text,
 )
+from hedgerow.decimal_text import MAX_DIGITS, parse_decimal
 from hedgerow.errors import (
     GatewayDraining,
     InvalidRequest,
@@ -145,7 +146,8 @@ class GatewayApp:
     # -- plain routes ---------------------------------------------------
 
     async def page(self, request: Request) -> None:
-        await send_text(request.send, 200, CHAT_PAGE, b"text/html; charset=utf-8")
+        await send_text(request.send, 200, CHAT_PAGE, b"text/html; charset=utf-8",
+                        [(b"content-security-policy", CHAT_PAGE_CSP.encode())])
 
     async def healthz(self, request: Request) -> None:
         await send_json(request.send, 200, {"status": "ok"})
@@ -249,8 +251,9 @@ class GatewayApp:
             wanted = Wanted(ticket, call, parsed, chat, observed)
             flight = self._flights.get(caching.key) if caching is not None else None
             if flight is not None and flight.joinable():
+                end_with_draining(flight.stream, in_flight)
                 return await self._join(request, wanted, flight)
-            return await self._lead(request, wanted, caching)
+            return await self._lead(request, wanted, caching, in_flight)
         await _end_cut_request(request, in_flight)
         return True
 
@@ -321,7 +324,8 @@ class GatewayApp:
 
     # -- a generation writes a log; clients follow it ---------------------
 
-    async def _lead(self, request: Request, wanted: Wanted, caching: Caching | None) -> bool:
+    async def _lead(self, request: Request, wanted: Wanted, caching: Caching | None,
+                    in_flight: InFlight) -> bool:
         """Generate the answer, sharing it with identical requests that arrive
         meanwhile and storing it in the cache; False when the client left first.
 
@@ -336,6 +340,7 @@ class GatewayApp:
         stream = StreamLog(ticket.request_id, ticket.tenant, settings.max_buffer_bytes,
                            include_usage=parsed.include_usage())
         flight = Flight(stream)
+        end_with_draining(stream, in_flight)
         if parsed.stream:
             self.streams.add(stream, time.monotonic())
         if caching is not None and caching.share:
@@ -465,6 +470,7 @@ class GatewayApp:
                              "are no longer kept")
         with self.drain.track() as in_flight:
             request.send = in_flight.watch(request.send)
+            end_with_draining(stream, in_flight)
             with stream.reading():
                 await cancel_on_disconnect(
                     request, lambda: self._answer_stream(request, stream, after, None))
@@ -576,10 +582,11 @@ def _deadlines(klass: PriorityClass, header: str | None) -> tuple[int, int]:
 def _tighter_deadline(class_deadline_ms: int, header: str | None) -> int:
     if header is None:
         return class_deadline_ms
-    if not header.strip().isdigit() or int(header) < 1:
-        raise InvalidRequest("x-hedgerow-deadline-ms must be a positive integer",
-                             param="x-hedgerow-deadline-ms")
-    return min(class_deadline_ms, int(header))
+    deadline_ms = parse_decimal(header.strip(" \t"))
+    if deadline_ms is None or deadline_ms < 1:
+        raise InvalidRequest(f"x-hedgerow-deadline-ms must be a positive integer of at most "
+                             f"{MAX_DIGITS} ASCII digits", param="x-hedgerow-deadline-ms")
+    return min(class_deadline_ms, deadline_ms)
 
 
 def _last_event_id(request: Request) -> int:
@@ -588,12 +595,13 @@ def _last_event_id(request: Request) -> int:
     raw = request.header("last-event-id")
     if raw is None:
         raw = request.query().get("last_event_id")
-    if raw is None or raw.strip() == "":
+    if raw is None or raw.strip(" \t") == "":
         return 0
-    if not raw.strip().isdigit():
-        raise InvalidRequest("Last-Event-ID must be a non-negative integer event id",
-                             param="Last-Event-ID")
-    return int(raw)
+    event_id = parse_decimal(raw.strip(" \t"))
+    if event_id is None:
+        raise InvalidRequest("Last-Event-ID must be a non-negative integer event id of at "
+                             f"most {MAX_DIGITS} ASCII digits", param="Last-Event-ID")
+    return event_id
 
 
 def _upstream_body(request_json: dict[str, Any], model: str) -> bytes:
@@ -603,10 +611,26 @@ def _upstream_body(request_json: dict[str, Any], model: str) -> bytes:
                          "stream_options": {"include_usage": True}})
 
 
+def _drain_cut_error() -> GatewayDraining:
+    return GatewayDraining("the gateway shut down before the response was complete",
+                           retry_after=1)
+
+
+def end_with_draining(stream: StreamLog, in_flight: InFlight) -> None:
+    """If the drain deadline cuts this request, ``stream`` ends with
+    ``gateway_draining``: set before anything is cancelled, so whichever ends
+    first -- the generation writing the stream's last event, or
+    ``_end_cut_request`` -- the client reads the same error."""
+    def note() -> None:
+        draining = _drain_cut_error()
+        stream.cancel(draining.message, code=draining.code, error_type=draining.error_type)
+
+    in_flight.before_cut.append(note)
+
+
 async def _end_cut_request(request: Request, in_flight: InFlight) -> None:
     """The drain deadline cut this request: end it explicitly, never silently."""
-    draining = GatewayDraining("the gateway shut down before the response was complete",
-                               retry_after=1)
+    draining = _drain_cut_error()
     if not in_flight.response_started:
         raise draining
     if in_flight.response_finished:

@@ -13,7 +13,7 @@ explicitly: a stream that already started gets a terminal SSE error event
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -29,6 +29,10 @@ class InFlight:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     response_started: bool = False
     response_finished: bool = False
+    # Called by the cut before any request is cancelled: a stream notes that
+    # the drain, not its client, stopped it (else the generation, ending first,
+    # would write stream_cancelled as the stream's last word).
+    before_cut: list[Callable[[], None]] = field(default_factory=list)
 
     def watch(self, send: Send) -> Send:
         """``send``, noting the response's start and end as they go out."""
@@ -63,9 +67,13 @@ class Drain:
         self.draining = True
 
     def cut(self) -> None:
-        """The deadline: cancel every request still running."""
+        """The deadline: cancel every request still running, each told first."""
         self.deadline_passed = True
-        for request in self._in_flight:
+        running = list(self._in_flight)
+        for request in running:
+            for note in request.before_cut:
+                note()
+        for request in running:
             request.scope.cancel()
 
     @contextmanager

@@ -107,15 +107,16 @@ class Generation:
         outcome.error_message, outcome.error_code = message, code
         self._append_error(message, code)
 
-    def _append_error(self, message: str, code: str) -> None:
-        payload = sse_event(oa.error_event(message, UpstreamFailed.error_type, code))
+    def _append_error(self, message: str, code: str,
+                      error_type: str = UpstreamFailed.error_type) -> None:
+        payload = sse_event(oa.error_event(message, error_type, code))
         self.stream.append("error", payload, time.monotonic())
 
     async def _end(self, attempt: Attempt | None, outcome: RelayOutcome, admitted: bool) -> None:
         stream = self.stream
         if stream.started and not stream.finished and not (outcome.complete or outcome.failed):
             reason = stream.cancel_reason or "the generation stopped: no client was reading it"
-            self._append_error(reason, "stream_cancelled")
+            self._append_error(reason, stream.cancel_code, stream.cancel_type)
         stream.finish(time.monotonic())
         if attempt is not None:
             await attempt.aclose()

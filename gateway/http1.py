@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hedgerow.decimal_text import parse_decimal
+
 MAX_HEAD_BYTES = 64 * 1024  # status line + headers of one response
 MAX_CHUNK_LINE_BYTES = 1024  # a chunk-size line, extensions included
 MAX_TRAILER_BYTES = 16 * 1024
@@ -86,6 +88,9 @@ def parse_head(buffer: bytearray) -> ResponseHead | None:
     del buffer[:end + 4]
     version, status = _status_line(lines[0])
     headers = _header_fields(lines[1:])
+    if version == b"HTTP/1.0" and "transfer-encoding" in headers:
+        # RFC 9112 §6.1: HTTP/1.0 has no transfer codings; such framing is faulty.
+        raise ProtocolError("transfer-encoding in an HTTP/1.0 response")
     connection = headers.get("connection", "").lower()
     keep_alive = version == b"HTTP/1.1" and "close" not in connection
     return ResponseHead(status, headers, keep_alive)
@@ -108,7 +113,9 @@ def _header_fields(lines: list[bytes]) -> dict[str, str]:
         if not colon or not name or name != name.strip() or name[:1] in b" \t":
             raise ProtocolError(f"malformed header line: {line[:80]!r}")
         key = name.decode("latin-1").lower()
-        text = value.strip().decode("latin-1")
+        # Only SP and HTAB are optional whitespace (RFC 9110 §5.6.3): str.strip()
+        # would also eat the NBSP and NEL that latin-1 decodes from 0xa0 and 0x85.
+        text = value.strip(b" \t").decode("latin-1")
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
     return headers
 
@@ -118,17 +125,26 @@ def body_framing(head: ResponseHead) -> ChunkedBody | LengthBody | CloseDelimite
     if 100 <= head.status < 200 or head.status in (204, 304):
         return LengthBody(0)
     encoding = head.headers.get("transfer-encoding")
+    length = head.headers.get("content-length")
     if encoding is not None:
-        if encoding.lower().rsplit(",", 1)[-1].strip() != "chunked":
+        if length is not None:
+            # RFC 9112 §6.3: "ought to be handled as an error" -- the two framings
+            # disagree about where this response ends, and so where the next begins.
+            raise ProtocolError("both transfer-encoding and content-length")
+        if encoding.lower().rsplit(",", 1)[-1].strip(" \t") != "chunked":
             return CloseDelimitedBody()
         return ChunkedBody()
-    length = head.headers.get("content-length")
     if length is None:
         return CloseDelimitedBody()
-    values = {v.strip() for v in length.split(",")}
-    if len(values) != 1 or not (value := values.pop()).isdigit():
-        raise ProtocolError(f"bad content-length: {length[:40]!r}")
-    return LengthBody(int(value))
+    return LengthBody(_content_length(length))
+
+
+def _content_length(header: str) -> int:
+    """One length, however often repeated (RFC 9112 §6.3 allows identical copies)."""
+    values = {parse_decimal(v.strip(" \t")) for v in header.split(",")}
+    if len(values) != 1 or (value := values.pop()) is None:
+        raise ProtocolError(f"bad content-length: {header[:40]!r}")
+    return value
 
 
 class LengthBody:

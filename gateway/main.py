@@ -17,6 +17,7 @@ from gateway.app import GatewayApp
 from gateway.cache import ResponseCache
 from gateway.connection_cap import DEFAULT_MAX_CONNECTIONS, ConnectionCap, fit_file_limit
 from gateway.cors import CorsMiddleware
+from gateway.security_headers import SecurityHeaders
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain
 from gateway.devcert import ensure_dev_certificate
@@ -166,7 +167,7 @@ async def run_gateway(
                 else:
                     log.info("no --admin-port: metrics and the cache admin API are not served")
                 port = await tg.start(functools.partial(serve, connection_cap=connections),
-                                      edge, config, drain_on_shutdown)
+                                      SecurityHeaders(edge), config, drain_on_shutdown)
                 hosts = [options.host] if isinstance(options.host, str) else options.host
                 log.info("gateway listening on %s (h1, h2, h3)", ", ".join(
                     f"https://{f'[{h}]' if ':' in h else h}:{port}" for h in hosts))

@@ -19,6 +19,9 @@ are ``role="alert"``, Ctrl/Cmd+Enter sends. Fits a phone-sized viewport.
 ``window.hedgerow.SseParser`` is exposed for tests.
 """
 
+import base64
+import hashlib
+
 CHAT_PAGE = """<!doctype html>
 <html lang="en">
 <head>
@@ -310,3 +313,22 @@ loadModels();
 </body>
 </html>
 """
+
+
+def _inline_hash(tag: str) -> str:
+    """The CSP source that admits the page's one inline ``<tag>`` element, by its SHA-256."""
+    body = CHAT_PAGE.split(f"<{tag}>", 1)[1].split(f"</{tag}>", 1)[0]
+    digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+    return f"'sha256-{digest}'"
+
+
+# Nothing runs or styles the page but its own inline script and style (by
+# hash, so an injected element would not run); it talks only to its origin
+# and cannot be framed. Sent with the page by ``GatewayApp.page``.
+CHAT_PAGE_CSP = (
+    "default-src 'none'; "
+    f"script-src {_inline_hash('script')}; "
+    f"style-src {_inline_hash('style')}; "
+    "connect-src 'self'; img-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)

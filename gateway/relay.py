@@ -51,20 +51,43 @@ def observe_chunk(outcome: RelayOutcome, chunk: dict[str, Any]) -> bool:
     """Record one chunk; True when it is the usage-only chunk."""
     usage = chunk.get("usage")
     if usage:
-        outcome.prompt_tokens = int(usage.get("prompt_tokens", 0))
-        outcome.completion_tokens = int(usage.get("completion_tokens", 0))
+        if not isinstance(usage, dict):
+            raise UpstreamFailed("the worker sent a usage that is not an object",
+                                 code="upstream_malformed")
+        outcome.prompt_tokens = _token_count(usage, "prompt_tokens")
+        outcome.completion_tokens = _token_count(usage, "completion_tokens")
     choices = chunk.get("choices") or []
     if not choices:
         return bool(usage)
-    choice = choices[0]
-    piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+    choice = choices[0] if isinstance(choices, list) else None
+    if not isinstance(choice, dict):
+        raise UpstreamFailed("the worker sent choices that are not a list of objects",
+                             code="upstream_malformed")
+    delta = choice.get("delta") or {}
+    piece = (delta.get("content") if isinstance(delta, dict) else None) or choice.get("text") or ""
+    finish = choice.get("finish_reason")
+    if not isinstance(piece, str) or not isinstance(finish, str | None):
+        raise UpstreamFailed("the worker sent a choice whose text or finish_reason is not a "
+                             "string", code="upstream_malformed")
     if piece:
         outcome.pieces += 1
         if outcome.keep_text:
             outcome.text.append(piece)
-    if choice.get("finish_reason"):
-        outcome.finish_reason = choice["finish_reason"]
+    if finish:
+        outcome.finish_reason = finish
     return False
+
+
+MAX_TOKEN_COUNT = 2**31  # far above any context window; bounds what the ledgers add up
+
+
+def _token_count(usage: dict[str, Any], name: str) -> int:
+    """A worker's token count: a JSON integer (not a bool, float or string) in range."""
+    value = usage.get(name, 0)
+    if type(value) is not int or not 0 <= value < MAX_TOKEN_COUNT:
+        raise UpstreamFailed(f"the worker sent {name}={str(value)[:40]!r}, not a token count",
+                             code="upstream_malformed")
+    return value
 
 
 class RelayObserver(Protocol):

@@ -71,8 +71,11 @@ class StreamLog:
         self.finished_at = math.inf
         self.bytes = 0
         self.readers = 0
-        # Set by whoever stops the generation early, for the stream's last event.
+        # Set by whoever stops the generation early, for the stream's last event
+        # (its error message, code and type: the drain's cut says gateway_draining).
         self.cancel_reason: str | None = None
+        self.cancel_code = "stream_cancelled"
+        self.cancel_type = "upstream_error"
         self._events: deque[LogEvent] = deque()
         # The book that indexes this log, told of its size and its end (None: in none).
         self._ledger: _Ledger | None = None
@@ -124,10 +127,13 @@ class StreamLog:
             self._wake()
             self._readers_moved()
 
-    def cancel(self, reason: str) -> None:
-        """Ask the generation to stop (an explicit cancel); readers get an error event."""
+    def cancel(self, reason: str, *, code: str = "stream_cancelled",
+               error_type: str = "upstream_error") -> None:
+        """Ask the generation to stop; readers get an error event with ``reason``
+        and ``code``. The first reason given is the one the stream ends with."""
         if not self.finished and self.cancel_reason is None:
             self.cancel_reason = reason
+            self.cancel_code, self.cancel_type = code, error_type
             self._readers_moved()
 
     # -- the readers' side ----------------------------------------------------

@@ -52,6 +52,7 @@ from gateway.h2_guard import install_h2_guard
 from gateway.quic_cap import install_quic_cap
 from gateway.write_coalescing import install_write_coalescing
 from hedgerow.hypercorn_eof import install_eof_fix
+from hedgerow.decimal_text import parse_decimal
 from gateway.quic_tickets import QuicTicketStore
 
 __all__ = [
@@ -315,11 +316,12 @@ def _parse_binds(binds: Sequence[str]) -> tuple[list[str], int]:
     hosts: list[str] = []
     ports: set[int] = set()
     for bind in binds:
-        host, separator, port = bind.rpartition(":")
-        if not separator or not port.isdigit():
+        host, separator, port_text = bind.rpartition(":")
+        port = parse_decimal(port_text, max_digits=5)
+        if not separator or port is None:
             raise ValueError(f"bind {bind!r} is not HOST:PORT")
         hosts.append(host.strip("[]"))
-        ports.add(int(port))
+        ports.add(port)
     if len(ports) != 1:
         raise ValueError(f"all binds must share one port, got {sorted(ports)}")
     return hosts, ports.pop()

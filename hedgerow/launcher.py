@@ -7,15 +7,20 @@ admin API (bound to their names, kept in ``STATE/tokens`` with mode 0600), and
 they join with them. No flag and no extra command: internal mutual TLS is the
 default on one machine as on many. A child that dies is restarted with
 exponential backoff; Ctrl-C or SIGTERM stops them all (SIGTERM first, so the
-worker drains and deregisters, then SIGKILL after a grace period).
+worker drains and deregisters, then SIGKILL after a grace period). If the
+launcher itself is killed, the kernel kills its children too (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
 import logging
+import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +28,6 @@ import ssl
 
 import anyio
 import httpx
-from anyio.abc import Process
 
 from hedgerow.trust.pem import KEY_MODE, write_atomically
 
@@ -168,24 +172,47 @@ async def bootstrap_trust(stack: Stack) -> None:
                 write_atomically(path, reply.json()["token"].encode(), mode=KEY_MODE)
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_launcher() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child die (SIGKILL) when the launcher does.
+
+    A child in its own session outlives a launcher that is killed (SIGKILL,
+    OOM): it would hold its ports, and the next ``hedgerow up`` fail. The
+    kernel's parent-death signal (Linux) ends it with the launcher however the
+    launcher ends; it is delivered when the *thread* that forked the child
+    exits, so children are forked from the event loop's thread, never a worker
+    thread. libc is loaded here, before the fork. None where prctl is missing.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    launcher = os.getpid()
+
+    def preexec() -> None:  # in the forked child, before exec: kept to two system calls
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != launcher:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
 class ChildProcess:
     """One supervised child: restarted with backoff whenever it exits."""
 
     def __init__(self, name: str, command: list[str]) -> None:
         self.name = name
         self.command = command
-        self.process: Process | None = None
+        self.process: asyncio.subprocess.Process | None = None
         self.stopping = False
 
     async def supervise(self) -> None:
         delay = BACKOFF_INITIAL_S
         while not self.stopping:
             started = anyio.current_time()
-            # Own session: a Ctrl-C in the terminal reaches only us, and we stop
-            # the children in order (worker drains before the control plane goes).
-            self.process = await anyio.open_process(
-                self.command, stdout=None, stderr=None, start_new_session=True
-            )
+            self.process = await self._spawn()
             code = await self.process.wait()
             if self.stopping:
                 return
@@ -194,6 +221,15 @@ class ChildProcess:
             log.error("%s exited with status %s; restarting in %.1fs", self.name, code, delay)
             await anyio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
+
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        # Own session: a Ctrl-C in the terminal reaches only us, and we stop the
+        # children in order (worker drains before the control plane goes); and
+        # they die with us if we are killed. asyncio's own subprocess API, as
+        # anyio's open_process takes no preexec_fn (``up`` runs on asyncio).
+        return await asyncio.create_subprocess_exec(
+            *self.command, stdout=None, stderr=None, start_new_session=True,
+            preexec_fn=die_with_launcher())
 
     async def stop(self) -> None:
         self.stopping = True

@@ -37,24 +37,27 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    include_usage: bool = Field(False, strict=True)
 
 
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1, max_length=256)
-    stream: bool = False
+    # Strict as OpenAI's API is: "stream": "yes" (or "true", or 1) is a 400,
+    # never a silent true, and "max_tokens": "5" is no integer. A float field
+    # still takes a JSON integer (temperature 1), as OpenAI's does.
+    stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    max_tokens: int | None = Field(None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, strict=True)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, strict=True)
+    seed: int | None = Field(None, strict=True)
     stop: str | list[str] | None = None
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, le=1, strict=True)
     # OpenAI's stored completions: a side effect, so such a request is never hedged.
-    store: bool = False
+    store: bool = Field(False, strict=True)
 
     @field_validator("stop")
     @classmethod

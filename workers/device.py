@@ -19,6 +19,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Literal
 
+from hedgerow.decimal_text import parse_decimal
+
 NVIDIA_SMI_QUERY = ("--query-gpu=name,memory.total", "--format=csv,noheader,nounits")
 NVIDIA_SMI_TIMEOUT_S = 5.0
 _MIB = 1024 * 1024
@@ -135,6 +137,7 @@ def _ggml_gpus(lib: ctypes.CDLL) -> list[tuple[str, int]]:
 def _parse_smi_line(line: str) -> DeviceInfo | None:
     name, separator, memory = line.rpartition(",")
     name, memory = name.strip(), memory.strip()
-    if not separator or not name or not memory.isdigit():
+    mib = parse_decimal(memory)
+    if not separator or not name or mib is None:
         return None
-    return DeviceInfo(kind="gpu", name=name, memory_bytes=int(memory) * _MIB)
+    return DeviceInfo(kind="gpu", name=name, memory_bytes=mib * _MIB)

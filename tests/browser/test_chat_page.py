@@ -214,3 +214,39 @@ def test_a_cut_stream_is_resumed_from_its_last_event_id(h2_browser: Browser, pag
     expect(page.get_by_role("alert")).to_contain_text("410")
     expect(page.get_by_role("alert")).to_contain_text("stream expired")
     assert len(refused) == 1  # final: not retried
+
+
+# Collects the page's CSP violations from its first script on.
+RECORD_VIOLATIONS = """window.violations = [];
+document.addEventListener("securitypolicyviolation",
+  (event) => window.violations.push(event.violatedDirective + " " + event.blockedURI));"""
+
+
+def test_the_page_works_under_its_content_security_policy(
+        h2_browser: Browser, page_url: str) -> None:
+    context = h2_browser.new_context()
+    context.add_init_script(RECORD_VIOLATIONS)
+    page = context.new_page()
+    console: list[str] = []
+    page.on("console", lambda message: console.append(message.text))
+    response = page.goto(page_url)
+    assert response is not None
+    csp = response.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in csp and "'unsafe-inline'" not in csp
+    assert response.headers["x-content-type-options"] == "nosniff"
+    expect(page.locator("#model option")).to_have_count(3)  # its script ran and fetched
+    page.select_option("#model", SHORT)
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#status")).to_have_text("done", timeout=10_000)
+    expect(page.locator("#output")).to_have_text(
+        "".join(f"tok{i} " for i in range(1, SHORT_TOKENS + 1)))
+    # Its styles applied: the output region keeps its white-space rule.
+    assert page.eval_on_selector("#output", "e => getComputedStyle(e).whiteSpace") == "pre-wrap"
+    assert page.evaluate("window.violations") == []
+    assert not [line for line in console if "Content Security Policy" in line], console
+    # And the policy is enforced: an injected inline script does not run.
+    page.evaluate("""() => { const s = document.createElement("script");
+        s.textContent = "window.injected = true"; document.body.append(s); }""")
+    assert page.evaluate("window.injected === undefined")
+    assert any(v.startswith("script-src") for v in page.evaluate("window.violations"))
+    context.close()

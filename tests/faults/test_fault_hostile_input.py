@@ -37,7 +37,7 @@ def _chunks(total: int, size: int = 65536) -> Iterator[bytes]:
     yield b'"}]}'
 
 
-HOSTILE: list[tuple[str, bytes | None, dict[str, str]]] = [
+HOSTILE: list[tuple[str, bytes | None, dict[str, str | bytes]]] = [
     ("deep arrays", b"[" * 100_000 + b"]" * 100_000, {}),
     ("deep inside a message", OK + b', "x": ' + b"[" * 200 + b"]" * 200 + b"}", {}),
     ("deep objects", b'{"a":' * 5000 + b"1" + b"}" * 5000, {}),
@@ -55,6 +55,15 @@ HOSTILE: list[tuple[str, bytes | None, dict[str, str]]] = [
     ("wrong content type", OK + b"}", {"content-type": "application/x-www-form-urlencoded"}),
     ("chunked over the body limit", None, {}),
     ("bad deadline header", OK + b"}", {"x-hedgerow-deadline-ms": "-5"}),
+    # Latin-1 0xb2 is '²': str.isdigit() says yes, int() says no.
+    ("deadline of a superscript digit", OK + b"}", {"x-hedgerow-deadline-ms": b"\xb2"}),
+    ("deadline of 5,000 digits", OK + b"}", {"x-hedgerow-deadline-ms": "9" * 5000}),
+    ("deadline with an underscore", OK + b"}", {"x-hedgerow-deadline-ms": "1_000"}),
+    ("stream as a string", OK + b', "stream": "yes"}', {}),
+    ("stream as the string true", OK + b', "stream": "true"}', {}),
+    ("stream as a number", OK + b', "stream": 1}', {}),
+    ("max_tokens as a string", OK + b', "max_tokens": "5"}', {}),
+    ("temperature as a string", OK + b', "temperature": "0.5"}', {}),
     ("malformed authorization", OK + b"}", {"authorization": "Basic Zm9vOmJhcg=="}),
 ]
 
@@ -89,6 +98,52 @@ def test_hostile_bodies_get_a_4xx_envelope_and_the_gateway_carries_on(
                                  headers={"content-type": "application/json", **headers})
             _assert_client_error(response)
         assert http.post("/v1/chat/completions", json=chat_body(4)).status_code == 200
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["h1", "h2"])
+@pytest.mark.parametrize("last_event_id", [b"\xb2", b"9" * 5000, b"-1", b"+1", b"1_0"],
+                         ids=["superscript", "5000-digits", "minus", "plus", "underscore"])
+def test_an_odd_last_event_id_is_a_400(stack: Stack, http2: bool, last_event_id: bytes) -> None:
+    with client(stack, http2=http2, timeout=10) as http:
+        answer = http.post("/v1/chat/completions", json={**chat_body(4), "stream": True})
+        assert answer.status_code == 200
+        events = f"/v1/chat/completions/{answer.headers['x-request-id']}/events"
+        response = http.get(events, headers={"last-event-id": last_event_id})
+        _assert_client_error(response)
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "Last-Event-ID"
+        # The same stream, asked properly, is still there.
+        assert http.get(events, headers={"last-event-id": "1"}).status_code == 200
+
+
+def test_a_stream_field_that_is_not_a_boolean_is_refused_naming_it(stack: Stack) -> None:
+    with client(stack, timeout=10) as http:
+        for value in ("yes", "true", 1, None):
+            response = http.post("/v1/chat/completions", json={**chat_body(4), "stream": value})
+            assert response.status_code == 400, (value, response.text[:200])
+            assert response.json()["error"]["param"] == "stream"
+        assert http.post("/v1/chat/completions",
+                         json={**chat_body(4), "stream": False}).status_code == 200
+
+
+def test_the_control_plane_refuses_odd_numbers_and_booleans(stack: Stack) -> None:
+    base = stack.control_plane_url
+    # A gateway's policy answer: bool("false") would be True, int("١") would be 1.
+    for answer in ({"version": "\u0661", "accepted": True}, {"version": "1", "accepted": True},
+                   {"version": True, "accepted": True}, {"version": 1, "accepted": "false"},
+                   {"version": -1, "accepted": True}, {"version": 1.0, "accepted": True}):
+        response = httpx.post(f"{base}/v1/gateways/odd/policy", json=answer)
+        _assert_client_error(response)
+    assert httpx.post(f"{base}/v1/gateways/odd/policy",
+                      json={"version": 1, "accepted": True}).status_code == 200
+    # A watcher's ?since= that is no version number is "none known", never a 500.
+    for since in ("%C2%B2", "9" * 5000, "-1", "+1"):
+        with httpx.stream("GET", f"{base}/v1/watch?since={since}", timeout=5) as watch:
+            assert watch.status_code == 200
+            assert next(watch.iter_lines()).startswith(("data:", "id:", "event:"))
+    # A policy version that is not plain digits is a 400, not a 500.
+    for version in ("%C2%B2", "9" * 5000, "+1"):
+        _assert_client_error(httpx.get(f"{base}/v1/policy/{version}"))
 
 
 def test_an_http2_upload_over_the_limit_does_not_cut_other_streams(stack: Stack) -> None:

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-import anyio
-import pytest
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import cast
 
+import anyio
+import orjson
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from gateway.app import end_with_draining
+from gateway.attempt import UpstreamCall
+from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
+from gateway.generation import Generation
+from gateway.stream_log import StreamLog
+from gateway.tickets import Ticket
+from hedgerow.actors import ActorRef
 from hedgerow.asgi import Message
+from hedgerow.sse import SseEvent
 
 
 @pytest.mark.anyio
@@ -65,3 +79,112 @@ async def test_in_flight_notes_how_far_the_response_got() -> None:
     assert not in_flight.response_finished
     await watched({"type": "http.response.body", "body": b""})
     assert in_flight.response_finished and len(sent) == 3
+
+
+@pytest.mark.anyio
+async def test_the_cut_tells_every_request_before_it_cancels_any() -> None:
+    drain = Drain()
+    seen: list[tuple[str, bool]] = []
+    requests: dict[str, InFlight] = {}
+
+    async def request(name: str, other: str) -> None:
+        with drain.track() as in_flight:
+            requests[name] = in_flight
+            in_flight.before_cut.append(
+                lambda: seen.append((name, requests[other].scope.cancel_called)))
+            await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(request, "a", "b")
+        tg.start_soon(request, "b", "a")
+        await wait_all_tasks_blocked()
+        drain.cut()
+    assert sorted(seen) == [("a", False), ("b", False)]
+    assert all(r.cut for r in requests.values())
+
+
+TOKEN = orjson.dumps({"choices": [{"index": 0, "delta": {"content": "hi"}}]}).decode()
+
+
+class _Admits:
+    """The scheduler's side of a generation: every ticket admitted."""
+
+    async def ask(self, message: object) -> None:
+        return None
+
+    async def tell(self, message: object) -> None:
+        pass
+
+
+@dataclass
+class _Attempt:
+    """A worker stream that sent one token and then nothing: the drain must cut it."""
+
+    worker_id: str = "w1"
+    hedged: bool = False
+    first_token_at: float = 0.0
+    first: list[SseEvent] = field(default_factory=lambda: [SseEvent(
+        data=TOKEN, raw=b"data: " + TOKEN.encode() + b"\n\n")])
+
+    @property
+    def events(self) -> AsyncIterator[SseEvent]:
+        return self._silent()
+
+    async def _silent(self) -> AsyncIterator[SseEvent]:
+        await anyio.sleep_forever()
+        yield SseEvent(data="[DONE]")
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _OneWorker:
+    async def first_token(self, ticket: object, call: object) -> _Attempt:
+        return _Attempt()
+
+    async def report(self, worker_id: str, result: str) -> None:
+        pass
+
+
+@pytest.mark.anyio
+async def test_a_generation_ending_first_at_the_cut_still_ends_with_gateway_draining() -> None:
+    """The race in the drain: the cut cancels the request's scope, and the
+    generation may end first and write the stream's last event before
+    ``_end_cut_request`` runs (which then sees the response done). That event
+    must be gateway_draining, not stream_cancelled. Here the generation is the
+    only writer, so it always ends first: no timing is involved."""
+    drain = Drain()
+    stream = StreamLog("r1", "tenant", 1 << 20)
+    generation = Generation(cast(ActorRef, _Admits()), cast(Dispatcher, _OneWorker()), stream,
+                            cast(Ticket, None), cast(UpstreamCall, None))
+    cut: list[InFlight] = []
+
+    async def request() -> None:
+        with drain.track() as in_flight:
+            end_with_draining(stream, in_flight)
+            await generation.run()
+        cut.append(in_flight)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(request)
+        await stream.wait_open()
+        await wait_all_tasks_blocked()  # the generation waits on its silent worker
+        drain.cut()
+    assert [c.cut for c in cut] == [True]
+    kinds = [event.kind for event in stream.events_after(0)]
+    assert kinds == ["token", "error"] and stream.finished
+    last = stream.events_after(0)[-1].payload.decode()
+    error = orjson.loads(last.split("data: ", 1)[1])["error"]
+    assert (error["code"], error["type"]) == ("gateway_draining", "service_unavailable")
+
+
+@pytest.mark.anyio
+async def test_a_stream_the_client_cancelled_keeps_its_own_ending_at_the_cut() -> None:
+    stream = StreamLog("r1", "tenant", 1 << 20)
+    stream.cancel("the stream was cancelled by the client")
+    drain = Drain()
+    with drain.track() as in_flight:
+        end_with_draining(stream, in_flight)
+        drain.cut()
+    assert (stream.cancel_reason, stream.cancel_code) == (
+        "the stream was cancelled by the client", "stream_cancelled")

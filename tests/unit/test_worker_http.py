@@ -377,3 +377,56 @@ async def test_https_with_a_private_ca(tmp_path: Path) -> None:
             assert await response.read_all(100) == b"secret"
         await pool.aclose()
     assert server.connections == 1
+
+
+# -- a worker's odd framing headers: a malformed reply (retried elsewhere), never a crash ------
+
+OK_BODY = b'{"ok":true}'
+
+
+@pytest.mark.parametrize("framing", [
+    b"content-length: \xb2\r\n",  # latin-1 for the superscript two: str.isdigit() is True
+    b"content-length: \xd9\xa3\r\n",  # an Arabic-Indic digit, in UTF-8
+    b"content-length: +11\r\n",
+    b"content-length: -11\r\n",
+    b"content-length: 1_1\r\n",
+    b"content-length: 11\xa0\r\n",  # NBSP is not optional whitespace
+    b"content-length: " + b"9" * 5000 + b"\r\n",  # int() refuses more than 4,300 digits
+    b"content-length: 11\r\ncontent-length: 12\r\n",
+    b"content-length: 11, 12\r\n",
+    b"content-length: \r\n",
+    b"transfer-encoding: chunked\r\ncontent-length: 11\r\n",
+], ids=["superscript", "arabic-indic", "plus", "minus", "underscore", "nbsp", "5000-digits",
+        "two-lengths", "two-lengths-one-line", "empty", "te-and-cl"])
+async def test_a_reply_with_odd_framing_headers_is_a_malformed_upstream(framing: bytes) -> None:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + framing + b"\r\n"
+    async with serving(lambda c, r: [head + OK_BODY]) as server:
+        workers = client()
+        code = await failure_code(workers.open_stream("w", server.url, b"{}", "r1"))
+        await workers.aclose()
+    assert code == "upstream_malformed"
+
+
+async def test_transfer_encoding_in_an_http10_reply_is_a_malformed_upstream() -> None:
+    head = b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    async with serving(lambda c, r: [head + b"b\r\n" + OK_BODY + b"\r\n0\r\n\r\n"]) as server:
+        workers = client()
+        code = await failure_code(workers.open_stream("w", server.url, b"{}", "r1"))
+        await workers.aclose()
+    assert code == "upstream_malformed"
+
+
+@pytest.mark.parametrize("framing", [
+    b"content-length: 11\r\n",
+    b"content-length:   11 \t\r\n",
+    b"content-length: 11\r\ncontent-length: 11\r\n",  # identical copies are allowed
+    b"content-length: 11, 11\r\n",
+], ids=["plain", "spaces", "repeated", "repeated-one-line"])
+async def test_lenient_but_unambiguous_content_lengths_are_read(framing: bytes) -> None:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + framing + b"\r\n"
+    async with serving(lambda c, r: [head + OK_BODY]) as server:
+        workers = client()
+        response = await workers.open_stream("w", server.url, b"{}", "r1")
+        body = await WorkerClient.read_all("w", response)
+        await workers.aclose()
+    assert body == OK_BODY
