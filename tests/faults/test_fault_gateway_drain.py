@@ -49,9 +49,11 @@ SIM = ["--backend", "sim", "--sim-prefill-ms-per-token", "0.1",
        "--sim-decode-ms-per-token", "20"]
 DRAIN_S = 2.0
 # A TTFT timeout longer than the drain: a request on the frozen worker is still
-# waiting for its first token when the deadline comes.
+# waiting for its first token when the deadline comes. Its connection's mutual-TLS
+# handshake never completes either (the worker is stopped), so the connect timeout,
+# which covers the handshake, outlasts the drain as well.
 POLICY = f"""
-timeouts: {{ttft_ms: 20000}}
+timeouts: {{ttft_ms: 20000, connect_ms: 20000}}
 hedging: {{enabled: false}}
 anonymous_tenant: local
 classes:
