@@ -108,7 +108,9 @@ class Stack:
 
     @property
     def cluster_ca(self) -> Path:
-        return self.control_plane_state / "ca" / "ca.pem"
+        """The cluster CA's certificate (in the admin credential: there whether the
+        control plane made its CA or was given one)."""
+        return self.admin_identity / "ca.pem"
 
     @property
     def admin_identity(self) -> Path:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import orjson
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from hedgerow.errors import AuthenticationFailed, PermissionDenied
@@ -116,7 +117,7 @@ class TrustService:
         if creds.exists():
             try:
                 cert = creds.certificate()
-                if (cert.issuer == self.ca.cert.subject and creds.identity() == identity
+                if (_issued_by(cert, self.ca.cert) and creds.identity() == identity
                         and now + renew_before < cert.not_valid_after_utc
                         and _names(cert) >= set(dns_names) | set(ip_addresses)):
                     return creds
@@ -209,6 +210,15 @@ def serving_names(hosts: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, .
         if not address.is_unspecified:
             ips.append(str(address))
     return tuple(dict.fromkeys(dns)), tuple(dict.fromkeys(ips))
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    """Signed by this CA's key (two CAs may share a name: a made one and a BYO one)."""
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
 
 
 def _names(cert: x509.Certificate) -> set[str]:

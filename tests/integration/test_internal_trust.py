@@ -280,3 +280,46 @@ def test_certificates_renew_under_live_streams_and_no_stream_drops(tmp_path: Pat
         assert not_after - datetime.datetime.now(datetime.UTC) < datetime.timedelta(seconds=7)
     finally:
         stack.stop_all()
+
+
+def test_an_operators_own_ca_and_certificates_work_without_joining(tmp_path: Path) -> None:
+    """Bring your own PKI: the control plane issues from the operator's CA, and a
+    worker runs on a certificate the operator's PKI made for it (no token)."""
+    now = datetime.datetime.now(datetime.UTC)
+    pki = ClusterCA.load_or_create(tmp_path / "pki", now)  # stands in for the operator's CA
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = pki.issue(key.public_key(), Identity("worker", "byo-1"),
+                     lifetime=datetime.timedelta(hours=2), now=now)
+    Credentials(tmp_path / "byo").write_issued(key, cert, pki.cert)
+    stack = Stack(tmp_path / "stack")
+    stack.root.mkdir()
+    try:
+        stack.join_port, stack.control_plane_port = free_port(), free_port()
+        port = stack.control_plane_port
+        proc = stack.spawn("control-plane", "control-plane", "--port", str(port),
+                           "--ca-cert", str(tmp_path / "pki" / "ca.pem"),
+                           "--ca-key", str(tmp_path / "pki" / "ca-key.pem"),
+                           *stack.control_plane_args(stack.join_port))
+        stack.wait_control_plane(proc, stack.control_plane_url)
+        # The admin credential and serving certificate were reissued from the operator's CA.
+        served = x509.load_pem_x509_certificate(
+            (stack.control_plane_state / "identity" / "cert.pem").read_bytes())
+        assert served.issuer == pki.cert.subject
+        byo = tmp_path / "byo"
+        worker = stack.spawn("byo-1", "worker", "--control-plane", stack.control_plane_url,
+                             "--worker-id", "byo-1", *SIM, "--tls-cert", str(byo / "cert.pem"),
+                             "--tls-key", str(byo / "key.pem"), "--ca-file", str(byo / "ca.pem"))
+        wait_for(lambda: stack.worker("byo-1") is not None, "the BYO worker to register")
+        stack.start_gateway()
+        with client(stack) as http:
+            reply = http.post("/v1/chat/completions", json={**chat_body(3), "stream": False})
+            assert reply.status_code == 200 and reply.headers["x-hedgerow-worker"] == "byo-1"
+        # A certificate whose identity is not the worker id it claims is refused at start.
+        wrong = stack.spawn("byo-2", "worker", "--control-plane", stack.control_plane_url,
+                            "--worker-id", "byo-2", *SIM, "--tls-cert", str(byo / "cert.pem"),
+                            "--tls-key", str(byo / "key.pem"), "--ca-file", str(byo / "ca.pem"))
+        assert wrong.popen.wait(30) == 1
+        assert "is for worker/byo-1, not worker/byo-2" in wrong.log()
+        assert worker.popen.poll() is None
+    finally:
+        stack.stop_all()
