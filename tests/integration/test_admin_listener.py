@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -57,9 +58,9 @@ class Plane:
     def admin(self) -> str:
         return f"https://127.0.0.1:{self.admin_port}"
 
-    def request(self, method: str, url: str, **kwargs: object) -> httpx.Response:
+    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         """As the admin (the control plane's admin credential)."""
-        return httpx.request(method, url, verify=self.stack.admin_tls(), **kwargs)  # type: ignore[arg-type]
+        return httpx.request(method, url, verify=self.stack.admin_tls(), **kwargs)
 
 
 def _join_token(plane: Plane, role: str) -> Path:
