@@ -45,13 +45,15 @@ CROSS_ORIGIN_CHAT = """async ([url, credentials]) => {
 
 def apply_policy(stack: Stack, **cors: Any) -> None:
     before = _versions(stack)
-    response = httpx.post(stack.control_plane_url + "/v1/policy", content=policy_text(**cors))
+    with stack.admin() as admin:
+        response = admin.post("/v1/policy", content=policy_text(**cors))
     assert response.status_code in (200, 201), response.text
     wait_for(lambda: _versions(stack) > before, "the gateway to run the new policy", 5)
 
 
 def _versions(stack: Stack) -> int:
-    status = httpx.get(stack.control_plane_url + "/v1/status").json()
+    with stack.admin() as admin:
+        status = admin.get("/v1/status").json()
     return max(g["running_version"] or 0 for g in status["gateways"]
                if g["gateway_id"] == "gw-browser")
 

@@ -1,9 +1,15 @@
 """The control plane's admin token, against a real control-plane process and
-the real ``hedgerow policy`` / ``hedgerow status`` commands."""
+the real ``hedgerow policy`` / ``hedgerow status`` commands.
+
+With internal mutual TLS (the default) the admin routes want the admin
+certificate and, when one is configured, the token too: either alone is not
+enough."""
 
 from __future__ import annotations
 
+import datetime
 import os
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hedgerow.trust.credentials import TlsContexts
+from hedgerow.trust.identity import Identity
+from hedgerow.trust.join import JoinOptions, ensure_identity
 from tests.support.stack import Stack, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -38,12 +47,12 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Pat
     (root / "policy.yaml").write_text(POLICY)
     (root / "token").write_text(f"{TOKEN}\n")
     stack = Stack(root)
-    stack.control_plane_port = free_port()
-    stack.spawn("control-plane", "control-plane", "--port", str(stack.control_plane_port),
-                "--policy", str(root / "policy.yaml"), "--admin-token-file", str(root / "token"))
+    stack.control_plane_port, stack.join_port = free_port(), free_port()
+    proc = stack.spawn("control-plane", "control-plane", "--port", str(stack.control_plane_port),
+                       "--policy", str(root / "policy.yaml"), "--admin-token-file",
+                       str(root / "token"), *stack.control_plane_args(stack.join_port))
     try:
-        wait_for(lambda: httpx.get(stack.control_plane_url + "/healthz").status_code == 200,
-                 "control plane")
+        stack.wait_control_plane(proc, stack.control_plane_url)
         yield stack, root
     finally:
         stack.stop_all()
@@ -51,6 +60,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Pat
 
 def hedgerow(stack: Stack, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "HEDGEROW_ADMIN_TOKEN"}
+    env["HEDGEROW_ADMIN_IDENTITY"] = str(stack.admin_identity)
     if token is not None:
         env["HEDGEROW_ADMIN_TOKEN"] = token
     return subprocess.run([sys.executable, "-m", "hedgerow.cli", *args,
@@ -58,35 +68,59 @@ def hedgerow(stack: Stack, *args: str, token: str | None = None) -> subprocess.C
                           capture_output=True, text=True, timeout=30, env=env)
 
 
+def _gateway_tls(stack: Stack) -> ssl.SSLContext:
+    """A gateway's certificate, bought with a join token as a gateway would."""
+    with stack.admin(headers={"authorization": f"Bearer {TOKEN}"}) as admin:
+        minted = admin.post("/v1/tokens", json={"role": "gateway", "ttl_s": 600})
+    assert minted.status_code == 201, minted.text
+    creds = ensure_identity(JoinOptions(
+        identity=Identity("gateway", "gw-test"), identity_dir=stack.root / "gw-identity",
+        control_plane=stack.control_plane_url, join_url=stack.join_url,
+        token=minted.json()["token"], ca_file=stack.cluster_ca),
+        datetime.datetime.now(datetime.UTC))
+    return TlsContexts(creds).client()
+
+
 @pytest.mark.parametrize(("method", "path"), ADMIN_ROUTES)
-def test_admin_routes_refuse_a_missing_or_wrong_token(
+def test_admin_routes_refuse_a_missing_or_wrong_token_even_to_the_admin_certificate(
         plane: tuple[Stack, Path], method: str, path: str) -> None:
     stack, _ = plane
-    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": TOKEN},
-                    {"authorization": f"Basic {TOKEN}"}):
-        response = httpx.request(method, stack.control_plane_url + path, headers=headers,
-                                 content=POLICY.encode())
-        assert response.status_code == 401, (headers, response.text)
-        error = response.json()["error"]
-        assert error["code"] == "invalid_admin_token"
-        assert error["type"] and "Bearer" in error["message"]
+    with stack.admin() as admin:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": TOKEN},
+                        {"authorization": f"Basic {TOKEN}"}):
+            response = admin.request(method, path, headers=headers, content=POLICY.encode())
+            assert response.status_code == 401, (headers, response.text)
+            error = response.json()["error"]
+            assert error["code"] == "invalid_admin_token"
+            assert error["type"] and "Bearer" in error["message"]
+
+
+def test_the_token_without_the_admin_certificate_is_not_let_in(
+        plane: tuple[Stack, Path]) -> None:
+    stack, _ = plane
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    no_certificate = ssl.create_default_context(cafile=stack.cluster_ca)
+    with pytest.raises(httpx.HTTPError):  # refused in the TLS handshake
+        httpx.get(stack.control_plane_url + "/v1/policy", headers=headers, verify=no_certificate)
+    as_gateway = httpx.get(stack.control_plane_url + "/v1/policy", headers=headers,
+                           verify=_gateway_tls(stack))
+    assert as_gateway.status_code == 403, as_gateway.text
 
 
 def test_the_right_token_is_let_in(plane: tuple[Stack, Path]) -> None:
     stack, _ = plane
-    headers = {"authorization": f"Bearer {TOKEN}"}
-    base = stack.control_plane_url
-    assert httpx.get(base + "/v1/policy", headers=headers).json()["text"] == POLICY
-    assert httpx.post(base + "/v1/policy/validate", content=POLICY.encode(),
-                      headers=headers).status_code == 200
-    assert httpx.get(base + "/v1/status", headers=headers).status_code == 200
+    with stack.admin(headers={"authorization": f"Bearer {TOKEN}"}) as admin:
+        assert admin.get("/v1/policy").json()["text"] == POLICY
+        assert admin.post("/v1/policy/validate", content=POLICY.encode()).status_code == 200
+        assert admin.get("/v1/status").status_code == 200
 
 
-def test_worker_and_gateway_routes_stay_open(plane: tuple[Stack, Path]) -> None:
+def test_worker_and_gateway_routes_need_no_admin_token(plane: tuple[Stack, Path]) -> None:
     stack, _ = plane
-    assert httpx.get(stack.control_plane_url + "/v1/workers").status_code == 200
-    with httpx.stream("GET", stack.control_plane_url + "/v1/policy/watch") as watch:
-        assert watch.status_code == 200
+    with stack.admin() as admin:
+        assert admin.get("/v1/workers").status_code == 200
+        with admin.stream("GET", "/v1/policy/watch") as watch:
+            assert watch.status_code == 200
 
 
 def test_cli_sends_the_token_from_the_environment_or_a_file(plane: tuple[Stack, Path]) -> None:
@@ -106,19 +140,46 @@ def test_cli_sends_the_token_from_the_environment_or_a_file(plane: tuple[Stack, 
 
 def test_the_token_is_never_logged(plane: tuple[Stack, Path]) -> None:
     stack, _ = plane
-    httpx.get(stack.control_plane_url + "/v1/policy", headers={"authorization": "Bearer x"})
+    with stack.admin() as admin:
+        admin.get("/v1/policy", headers={"authorization": "Bearer x"})
     log = stack.procs[0].log()
     assert TOKEN not in log
     assert "unauthenticated" not in log
 
 
-def test_without_a_token_the_control_plane_warns_and_listens_on_loopback_only(
+def test_with_mutual_tls_and_no_token_it_binds_where_asked_and_wants_the_certificate(
         tmp_path: Path) -> None:
+    # Every route needs a certificate from the cluster CA: the loopback-only rule
+    # for a token-less admin API is for --insecure-internal (below) only.
     stack = Stack(tmp_path)
     port = free_port()
     env_token = os.environ.pop("HEDGEROW_ADMIN_TOKEN", None)
     try:
-        proc = stack.spawn("open-plane", "control-plane", "--host", "0.0.0.0", "--port", str(port))
+        proc = stack.spawn("open-plane", "control-plane", "--host", "0.0.0.0", "--port", str(port),
+                           *stack.control_plane_args(free_port()))
+        url = f"https://127.0.0.1:{port}"
+        stack.wait_control_plane(proc, url)
+        with stack.admin(url) as admin:
+            assert admin.get("/v1/policy").status_code == 200
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url + "/v1/policy", verify=ssl.create_default_context(cafile=stack.cluster_ca))
+        log = proc.log()
+        assert f"listening on https://0.0.0.0:{port} (mutual TLS)" in log
+        assert "unauthenticated" not in log
+    finally:
+        stack.stop_all()
+        if env_token is not None:
+            os.environ["HEDGEROW_ADMIN_TOKEN"] = env_token
+
+
+def test_insecure_internal_without_a_token_warns_and_listens_on_loopback_only(
+        tmp_path: Path) -> None:
+    stack = Stack(tmp_path, insecure=True)
+    port = free_port()
+    env_token = os.environ.pop("HEDGEROW_ADMIN_TOKEN", None)
+    try:
+        proc = stack.spawn("open-plane", "control-plane", "--host", "0.0.0.0", "--port", str(port),
+                           *stack.control_plane_args(free_port()))
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200,
                  "control plane")
         assert httpx.get(f"http://127.0.0.1:{port}/v1/policy").status_code == 200

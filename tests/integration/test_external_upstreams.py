@@ -4,12 +4,14 @@ The "llama-server" here is a Hedgerow sim worker serving the model under its
 own name (``sim-upstream``) and pointed at a control plane that does not exist,
 so it never registers itself: it is known only because the policy declares it
 (or an operator registers it through the admin API) and the control plane's
-probes find it healthy.
+probes find it healthy. Like a real llama-server it is outside Hedgerow's
+internal trust: plain HTTP (``--insecure-internal``), no certificate. The
+control plane itself runs with mutual TLS and an admin token, so the admin
+API wants both the admin certificate and the token.
 """
 
 from __future__ import annotations
 
-import os
 import ssl
 import subprocess
 import sys
@@ -57,7 +59,7 @@ tenants:
 def start_upstream(stack: Stack, name: str, port: int) -> Proc:
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens: it never registers
     proc = stack.spawn(name, "worker", "--port", str(port), "--worker-id", name,
-                       "--control-plane", nowhere, *SIM)
+                       "--control-plane", nowhere, "--insecure-internal", *SIM)
     wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200,
              f"upstream {name}")
     return proc
@@ -65,6 +67,24 @@ def start_upstream(stack: Stack, name: str, port: int) -> Proc:
 
 def admin(token: str = TOKEN) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
+
+
+def start_gateway(stack: Stack, *extra: str) -> None:
+    """``stack.start_gateway``, with a join token minted with the admin token too."""
+    with stack.admin(headers=admin()) as operator:
+        minted = operator.post("/v1/tokens", json={"role": "gateway", "ttl_s": 600})
+    assert minted.status_code == 201, minted.text
+    token = stack.root / "gateway.token"
+    token.write_text(minted.json()["token"])
+    stack.gateway_port = free_port()
+    proc = stack.spawn("gateway", "gateway", "--port", str(stack.gateway_port),
+                       "--control-plane", stack.control_plane_url,
+                       "--state-dir", str(stack.root / "state"), "--join-url", stack.join_url,
+                       "--join-token-file", str(token), "--ca-file", str(stack.cluster_ca), *extra)
+    wait_for(lambda: proc.popen.poll() is not None or (stack.ca_cert.exists() and httpx.get(
+        stack.gateway_url + "/healthz", verify=ssl.create_default_context(
+            cafile=stack.ca_cert)).status_code == 200), "gateway /healthz")
+    assert proc.popen.poll() is None, proc.log()
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +96,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     (root / "token").write_text(TOKEN + "\n")
     try:
         start_upstream(stack, "llama-server", upstream_port)
-        stack.control_plane_port = free_port()
-        stack.spawn("control-plane", "control-plane", "--port", str(stack.control_plane_port),
-                    "--lease-s", "2", "--policy", str(root / "policy.yaml"),
-                    "--admin-token-file", str(root / "token"))
-        wait_for(lambda: httpx.get(stack.control_plane_url + "/healthz").status_code == 200,
-                 "control plane")
-        stack.start_gateway("--gateway-id", "gw-upstreams")
+        stack.control_plane_port, stack.join_port = free_port(), free_port()
+        proc = stack.spawn("control-plane", "control-plane", "--port",
+                           str(stack.control_plane_port), "--lease-s", "2", "--policy",
+                           str(root / "policy.yaml"), "--admin-token-file", str(root / "token"),
+                           *stack.control_plane_args(stack.join_port))
+        stack.wait_control_plane(proc, stack.control_plane_url)
+        start_gateway(stack, "--gateway-id", "gw-upstreams")
         yield stack
     finally:
         stack.stop_all()
@@ -112,7 +132,7 @@ def test_declared_upstream_is_listed_streamed_from_and_dropped_when_it_dies(
     status = subprocess.run(
         [sys.executable, "-m", "hedgerow.cli", "status", "--control-plane",
          stack.control_plane_url], capture_output=True, text=True, timeout=30,
-        env=dict(os.environ, HEDGEROW_ADMIN_TOKEN=TOKEN))
+        env=dict(stack.admin_env(), HEDGEROW_ADMIN_TOKEN=TOKEN))
     assert status.returncode == 0, status.stderr
     assert any(line.split()[:2] == ["llama", "cpu"] and "external" in line
                for line in status.stdout.splitlines()), status.stdout
@@ -146,32 +166,37 @@ def test_upstreams_registered_through_the_api_need_the_admin_token(stack: Stack)
     start_upstream(stack, "vllm-like", port)
     spec = {"name": "vllm", "url": f"http://127.0.0.1:{port}", "models": [UPSTREAM_MODEL],
             "kind": "gpu", "probe_interval_ms": PROBE_MS}
-    url = stack.control_plane_url + "/v1/upstreams"
-    refused = httpx.post(url, json=spec)
-    assert refused.status_code == 401
-    assert refused.json()["error"]["code"] == "invalid_admin_token"
-    bad = httpx.post(url, json=spec | {"url": "ftp://x"}, headers=admin())
-    assert bad.status_code == 400 and "url" in bad.json()["error"]["message"]
+    url = "/v1/upstreams"
+    with stack.admin() as operator:  # the admin certificate; the token only where sent
+        refused = operator.post(url, json=spec)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "invalid_admin_token"
+        bad = operator.post(url, json=spec | {"url": "ftp://x"}, headers=admin())
+        assert bad.status_code == 400 and "url" in bad.json()["error"]["message"]
 
-    assert httpx.post(url, json=spec, headers=admin()).status_code == 202
-    record = wait_for(lambda: stack.worker("vllm"), "the registered upstream", 10)
-    assert record["registration"]["kind"] == "gpu"
-    listed = httpx.get(url, headers=admin()).json()["upstreams"]
-    assert {row["name"]: row["source"] for row in listed}["vllm"] == "api"
+        assert operator.post(url, json=spec, headers=admin()).status_code == 202
+        record = wait_for(lambda: stack.worker("vllm"), "the registered upstream", 10)
+        assert record["registration"]["kind"] == "gpu"
+        listed = operator.get(url, headers=admin()).json()["upstreams"]
+        assert {row["name"]: row["source"] for row in listed}["vllm"] == "api"
 
-    assert httpx.delete(url + "/vllm").status_code == 401
-    assert httpx.delete(url + "/vllm", headers=admin()).status_code == 200
-    wait_for(lambda: stack.worker("vllm") is None, "the removed upstream to leave", 5)
-    assert httpx.delete(url + "/vllm", headers=admin()).status_code == 404
+        assert operator.delete(url + "/vllm").status_code == 401
+        assert operator.delete(url + "/vllm", headers=admin()).status_code == 200
+        wait_for(lambda: stack.worker("vllm") is None, "the removed upstream to leave", 5)
+        assert operator.delete(url + "/vllm", headers=admin()).status_code == 404
+    # The token without the admin certificate is refused in the TLS handshake.
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(stack.control_plane_url + url, headers=admin(),
+                  verify=ssl.create_default_context(cafile=stack.cluster_ca))
 
 
 def test_policy_edits_to_upstreams_take_effect_without_restart(stack: Stack) -> None:
     port = free_port()
     start_upstream(stack, "llama-server-2", port)
-    apply = stack.control_plane_url + "/v1/policy"
-    assert httpx.post(apply, content=policy_text(port), headers=admin()).status_code == 201
-    record = wait_for(lambda: stack.worker("llama"), "the re-declared upstream", 10)
-    assert record["registration"]["url"] == f"http://127.0.0.1:{port}"
+    with stack.admin(headers=admin()) as operator:
+        assert operator.post("/v1/policy", content=policy_text(port)).status_code == 201
+        record = wait_for(lambda: stack.worker("llama"), "the re-declared upstream", 10)
+        assert record["registration"]["url"] == f"http://127.0.0.1:{port}"
 
-    assert httpx.post(apply, content=policy_text(None), headers=admin()).status_code == 201
+        assert operator.post("/v1/policy", content=policy_text(None)).status_code == 201
     wait_for(lambda: stack.worker("llama") is None, "the undeclared upstream to leave", 5)

@@ -102,7 +102,8 @@ def gateway_scrape(stack: Stack) -> Samples:
 def worker_scrape(stack: Stack, worker_id: str) -> Samples:
     record = stack.worker(worker_id)
     assert record is not None
-    return scrape(record["registration"]["url"])
+    # As the admin; a worker is known by its certificate's identity, not a hostname.
+    return scrape(record["registration"]["url"], verify=stack.admin_tls(check_hostname=False))
 
 
 def token_chunks(response: httpx.Response) -> int:
@@ -218,7 +219,7 @@ def test_the_public_port_answers_metrics_404_like_any_unknown_path(stack: Stack)
 
 
 def test_control_plane_counts_workers_and_watchers(stack: Stack) -> None:
-    samples = scrape(stack.control_plane_url)
+    samples = scrape(stack.control_plane_url, verify=stack.admin_tls())  # an admin route
     assert value(samples, "hedgerow_control_plane_workers") == 2
     assert value(samples, "hedgerow_control_plane_slots") == 3
     assert value(samples, "hedgerow_control_plane_registrations_total") >= 2

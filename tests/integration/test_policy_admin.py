@@ -34,8 +34,10 @@ def with_max_tokens(tokens: int) -> str:
     return POLICY.replace("max_tokens: 100", f"max_tokens: {tokens}")
 
 
-def hedgerow(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def hedgerow(*args: str, cwd: Path | None = None,
+             stack: Stack | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI; as the admin of ``stack`` (its admin credential) when given."""
+    env = dict(stack.admin_env() if stack else os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, "-m", "hedgerow.cli", *args], capture_output=True,
                           text=True, timeout=60, env=env, cwd=cwd)
 
@@ -54,13 +56,19 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Pat
         stack.stop_all()
 
 
+def get(stack: Stack, path: str) -> httpx.Response:
+    with stack.admin() as admin:
+        return admin.get(path)
+
+
 def current(stack: Stack) -> dict[str, Any]:
-    return dict(httpx.get(stack.control_plane_url + "/v1/policy").json())
+    return dict(get(stack, "/v1/policy").json())
 
 
 def post(stack: Stack, path: str, text: str = "", source: str = "") -> httpx.Response:
     params = {"source": source} if source else None
-    return httpx.post(stack.control_plane_url + path, content=text.encode(), params=params)
+    with stack.admin() as admin:
+        return admin.post(path, content=text.encode(), params=params)
 
 
 def test_apply_validate_history_and_rollback_over_http(plane: tuple[Stack, Path]) -> None:
@@ -91,13 +99,13 @@ def test_apply_validate_history_and_rollback_over_http(plane: tuple[Stack, Path]
     rolled = post(stack, f"/v1/policy/rollback/{start['version']}")
     assert rolled.status_code == 201 and rolled.json()["checksum"] == start["checksum"]
     assert current(stack)["text"] == POLICY
-    history = httpx.get(stack.control_plane_url + "/v1/policy/history").json()
+    history = get(stack, "/v1/policy/history").json()
     assert [v["version"] for v in history["versions"]][-3:] == [
         start["version"], start["version"] + 1, start["version"] + 2]
     assert history["current"] == rolled.json()["version"]
-    old = httpx.get(f"{stack.control_plane_url}/v1/policy/{start['version'] + 1}").json()
+    old = get(stack, f"/v1/policy/{start['version'] + 1}").json()
     assert old["text"] == with_max_tokens(300)
-    assert httpx.get(stack.control_plane_url + "/v1/policy/999").status_code == 404
+    assert get(stack, "/v1/policy/999").status_code == 404
     assert post(stack, "/v1/policy/rollback/999").status_code == 404
 
 
@@ -108,31 +116,33 @@ def test_cli_applies_shows_lists_and_rolls_back(plane: tuple[Stack, Path], tmp_p
     (tmp_path / "good.yaml").write_text(with_max_tokens(400))
     before = current(stack)
 
-    bad = hedgerow("policy", "apply", "bad.yaml", *url, cwd=tmp_path)
+    bad = hedgerow("policy", "apply", "bad.yaml", *url, cwd=tmp_path, stack=stack)
     assert bad.returncode == 1
     assert bad.stdout.startswith("bad.yaml:9:3: limits.max_tokenz: unknown key 'max_tokenz'")
     assert "not applied" in bad.stderr
     assert current(stack) == before
 
-    good = hedgerow("policy", "apply", "good.yaml", *url, cwd=tmp_path)
+    good = hedgerow("policy", "apply", "good.yaml", *url, cwd=tmp_path, stack=stack)
     assert good.returncode == 0, good.stderr
     assert f"as policy v{before['version'] + 1}" in good.stdout
-    shown = hedgerow("policy", "show", *url)
+    shown = hedgerow("policy", "show", *url, stack=stack)
     assert shown.returncode == 0 and shown.stdout == with_max_tokens(400)
-    listed = hedgerow("policy", "history", *url)
+    listed = hedgerow("policy", "history", *url, stack=stack)
     assert f"* {before['version'] + 1:>7}" in listed.stdout and "good.yaml" in listed.stdout
 
-    rolled = hedgerow("policy", "rollback", str(before["version"]), *url)
+    rolled = hedgerow("policy", "rollback", str(before["version"]), *url, stack=stack)
     assert rolled.returncode == 0, rolled.stderr
     assert current(stack)["checksum"] == before["checksum"]
-    missing = hedgerow("policy", "show", "999", *url)
+    missing = hedgerow("policy", "show", "999", *url, stack=stack)
     assert missing.returncode == 1 and "no policy version 999" in missing.stderr
 
 
-def test_cli_says_when_the_control_plane_is_unreachable() -> None:
-    result = hedgerow("policy", "history", "--control-plane", "http://127.0.0.1:9")
-    assert result.returncode == 3
-    assert "cannot reach the control plane at http://127.0.0.1:9" in result.stderr
+def test_cli_says_when_the_control_plane_is_unreachable(plane: tuple[Stack, Path]) -> None:
+    stack, _ = plane
+    for url in ("https://127.0.0.1:9", "http://127.0.0.1:9"):  # with the admin credential
+        result = hedgerow("policy", "history", "--control-plane", url, stack=stack)
+        assert result.returncode == 3
+        assert f"cannot reach the control plane at {url}" in result.stderr
 
 
 def test_watched_directory_applies_edits_and_keeps_the_last_good_policy(
@@ -154,7 +164,8 @@ def test_watched_directory_applies_edits_and_keeps_the_last_good_policy(
 
 def test_control_plane_refuses_to_start_with_an_invalid_policy(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text(TYPO)
-    result = hedgerow("control-plane", "--port", "0", "--policy", str(tmp_path / "bad.yaml"))
+    result = hedgerow("control-plane", "--port", "0", "--policy", str(tmp_path / "bad.yaml"),
+                      "--state-dir", str(tmp_path / "state"), "--join-port", "0")
     assert result.returncode == 1
     assert f"{tmp_path / 'bad.yaml'}:9:3: limits.max_tokenz" in result.stderr
 

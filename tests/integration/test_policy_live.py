@@ -57,8 +57,14 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 def _runs(stack: Stack, version: int) -> bool:
-    status = httpx.get(stack.control_plane_url + "/v1/status").json()
+    with stack.admin() as admin:
+        status = admin.get("/v1/status").json()
     return any(g["running_version"] == version for g in status.get("gateways", []))
+
+
+def _apply(stack: Stack, text: str) -> httpx.Response:
+    with stack.admin() as admin:
+        return admin.post("/v1/policy", content=text)
 
 
 def _client(stack: Stack) -> httpx.Client:
@@ -91,7 +97,7 @@ def test_new_policy_governs_new_requests_within_a_second_and_drops_no_stream(
         thread.start()
     time.sleep(0.3)  # the streams are running (60 tokens x 25 ms each)
     applied_at = time.monotonic()
-    response = httpx.post(stack.control_plane_url + "/v1/policy", content=policy("sk-new"))
+    response = _apply(stack, policy("sk-new"))
     assert response.status_code in (200, 201), response.text
     wait_for(lambda: _status_with(stack, "sk-new") == 200, "the new key to work", timeout=1.0)
     assert time.monotonic() - applied_at < 1.0
@@ -112,10 +118,12 @@ def test_gateway_keeps_serving_while_the_control_plane_is_down_and_resyncs(
         assert _status_with(stack, "sk-old") == 200
     policy_file = stack.root / "v1.yaml"
     port = stack.control_plane_port
+    # Same state directory: the same cluster CA, so the certificates the worker and
+    # the gateway hold are still good.
     restarted = stack.spawn("control-plane-2", "control-plane", "--port", str(port),
-                            "--lease-s", "2.0", "--policy", str(policy_file))
-    wait_for(lambda: httpx.get(stack.control_plane_url + "/healthz").status_code == 200,
-             "the control plane to come back")
+                            "--lease-s", "2.0", "--policy", str(policy_file),
+                            *stack.control_plane_args(stack.join_port))
+    stack.wait_control_plane(restarted, stack.control_plane_url, "the control plane to come back")
     # The worker re-registers on its next heartbeat; the gateway re-follows
     # both streams and ACKs the (restarted) control plane's version.
     wait_for(lambda: stack.worker("sim-1") is not None, "the worker to re-register", 10)
@@ -132,11 +140,12 @@ def test_invalid_policy_under_load_changes_nothing(stack: Stack) -> None:
         thread.start()
     time.sleep(0.3)
     broken = policy("sk-new").replace("ttft_slo_ms: 1000", "ttft_slo_ms: soon")
-    response = httpx.post(stack.control_plane_url + "/v1/policy", content=broken)
+    response = _apply(stack, broken)
     assert response.status_code == 400
     issue = response.json()["issues"][0]
     assert issue["path"] == "classes[0].ttft_slo_ms" and issue["line"] > 0
-    assert httpx.get(stack.control_plane_url + "/v1/policy").json()["version"] == 1
+    with stack.admin() as admin:
+        assert admin.get("/v1/policy").json()["version"] == 1
     assert _status_with(stack, "sk-old") == 200 and _status_with(stack, "sk-new") == 401
     for thread in streams:
         thread.join(timeout=30)

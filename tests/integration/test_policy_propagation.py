@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.stack import Stack, wait_for
+from tests.support.stack import Stack, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -60,7 +60,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def hedgerow(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hedgerow.cli", *args,
                            "--control-plane", stack.control_plane_url],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=30, env=stack.admin_env())
 
 
 def chat(stack: Stack, key: str | None = None, max_tokens: int = 4) -> httpx.Response:
@@ -72,9 +72,15 @@ def chat(stack: Stack, key: str | None = None, max_tokens: int = 4) -> httpx.Res
 
 
 def gateway_runs(stack: Stack, version: int) -> bool:
-    status = httpx.get(stack.control_plane_url + "/v1/status").json()
+    with stack.admin() as admin:
+        status = admin.get("/v1/status").json()
     return any(g["gateway_id"] == "gw-test" and g["running_version"] == version
                for g in status["gateways"])
+
+
+def active_version(stack: Stack) -> int:
+    with stack.admin() as admin:
+        return int(admin.get("/v1/policy").json()["version"])
 
 
 def test_gateway_acks_the_version_in_force(stack: Stack) -> None:
@@ -90,7 +96,7 @@ def test_applied_policy_reaches_the_gateway_without_restart(stack: Stack, tmp_pa
     edited.write_text(policy_text(extra_key="sk-partner", max_tokens=16))
     applied = hedgerow(stack, "policy", "apply", str(edited))
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    version = httpx.get(stack.control_plane_url + "/v1/policy").json()["version"]
+    version = active_version(stack)
     wait_for(lambda: gateway_runs(stack, version), "the gateway to ACK the new version", 10)
     assert chat(stack, "sk-partner").status_code == 200  # the new key works
     refused = chat(stack, max_tokens=64)  # the lowered limit holds
@@ -98,7 +104,7 @@ def test_applied_policy_reaches_the_gateway_without_restart(stack: Stack, tmp_pa
 
     rolled = hedgerow(stack, "policy", "rollback", "1")
     assert rolled.returncode == 0, rolled.stdout + rolled.stderr
-    newest = httpx.get(stack.control_plane_url + "/v1/policy").json()["version"]
+    newest = active_version(stack)
     wait_for(lambda: gateway_runs(stack, newest), "the gateway to ACK the rollback", 10)
     assert chat(stack, "sk-partner").status_code == 401
     assert chat(stack, max_tokens=64).status_code == 200
@@ -108,12 +114,21 @@ def test_a_pinned_gateway_ignores_the_control_plane(stack: Stack, tmp_path: Path
     pinned_policy = tmp_path / "pinned.yaml"
     pinned_policy.write_text(policy_text(extra_key="sk-pinned"))
     (tmp_path / "pinned").mkdir()
-    other = Stack(tmp_path / "pinned")
-    other.control_plane_port = stack.control_plane_port
+    other = Stack(tmp_path / "pinned")  # its own dev certificate; this stack's control plane
+    other.gateway_port = free_port()
+    pinned = stack.spawn("gw-pinned", "gateway", "--port", str(other.gateway_port),
+                         "--control-plane", stack.control_plane_url,
+                         "--state-dir", str(other.root / "state"), *stack.join_args("gateway"),
+                         "--policy", str(pinned_policy), "--gateway-id", "gw-pinned")
     try:
-        other.start_gateway("--policy", str(pinned_policy), "--gateway-id", "gw-pinned")
+        wait_for(lambda: pinned.popen.poll() is not None or (other.ca_cert.exists() and httpx.get(
+            other.gateway_url + "/readyz",
+            verify=ssl.create_default_context(cafile=other.ca_cert)).status_code == 200),
+            "the pinned gateway")
+        assert pinned.popen.poll() is None, pinned.log()
         assert chat(other, "sk-pinned").status_code == 200
-        status = httpx.get(stack.control_plane_url + "/v1/status").json()
+        with stack.admin() as admin:
+            status = admin.get("/v1/status").json()
         assert all(g["gateway_id"] != "gw-pinned" for g in status["gateways"])
     finally:
-        other.stop_all()
+        pinned.stop()

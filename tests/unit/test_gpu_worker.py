@@ -1,12 +1,15 @@
 """A worker on a GPU, without one: detection through ggml's device list, the
 worker's defaults there (all layers offloaded, several slots), and its
 registration as ``kind: gpu`` with the GPU's name and memory, seen through a
-real in-process control plane."""
+real in-process control plane (mutual TLS, as by default: the worker joins with a
+token, the test and the CLI call as the admin)."""
 
 from __future__ import annotations
 
+import datetime
 import sys
 import types
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +18,13 @@ import anyio.to_thread
 import httpx
 import pytest
 
-from control_plane.main import run_control_plane
+from bench.stack import free_port
+from control_plane.main import TrustOptions, run_control_plane
 from hedgerow.cli import build_parser
+from hedgerow.trust.credentials import Credentials, TlsContexts
+from hedgerow.trust.identity import Identity
+from hedgerow.trust.join import JoinOptions, ensure_identity
+from hedgerow.trust.process import InternalTls
 from hedgerow.wire import RegistrySnapshot
 from workers import device as device_module
 from workers.device import CPU_DEVICE, DEFAULT_GPU_SLOTS, DeviceInfo, _ggml_gpus, detect_device
@@ -146,27 +154,47 @@ class GpuSimBackend(SimBackend):
     device_memory_bytes = H200.memory_bytes
 
 
+def _join_as_worker(state: Path, control_plane: str, join_port: int, token: str,
+                    worker_id: str) -> InternalTls:
+    creds = ensure_identity(JoinOptions(
+        identity=Identity("worker", worker_id), identity_dir=state / "worker-identity",
+        control_plane=control_plane, join_url=f"https://127.0.0.1:{join_port}", token=token,
+        ca_file=state / "ca" / "ca.pem"), datetime.datetime.now(datetime.UTC))
+    return InternalTls(TlsContexts(creds), control_plane)
+
+
 @pytest.mark.anyio
 async def test_gpu_worker_registers_as_gpu_with_its_device_name_and_memory(
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     backend = GpuSimBackend(MODEL, DEFAULT_GPU_SLOTS, LatencyModel(), 1)
     stop_cp, stop_worker = anyio.Event(), anyio.Event()
+    state, join_port = tmp_path / "control-plane", free_port()
+    trust = TrustOptions(state_dir=state, join_port=join_port)
     async with anyio.create_task_group() as tg:
-        cp_port = await tg.start(run_control_plane, "127.0.0.1", 0, stop_cp)
-        control_plane = f"http://127.0.0.1:{cp_port}"
-        options = WorkerOptions(control_plane=control_plane, worker_id="gpu-test")
-        async with anyio.create_task_group() as worker:
-            await worker.start(run_worker, options, backend, stop_worker)
-            async with httpx.AsyncClient(base_url=control_plane) as client:
+        cp_port = await tg.start(partial(run_control_plane, trust_options=trust),
+                                 "127.0.0.1", 0, stop_cp)
+        control_plane = f"https://127.0.0.1:{cp_port}"
+        admin = TlsContexts(Credentials(state / "admin")).client()
+        async with httpx.AsyncClient(base_url=control_plane, verify=admin) as client:
+            minted = await client.post("/v1/tokens", json={"role": "worker", "ttl_s": 600})
+            assert minted.status_code == 201, minted.text
+            tls = await anyio.to_thread.run_sync(
+                _join_as_worker, state, control_plane, join_port, minted.json()["token"],
+                "gpu-test")
+            options = WorkerOptions(control_plane=control_plane, worker_id="gpu-test", tls=tls)
+            async with anyio.create_task_group() as worker:
+                await worker.start(run_worker, options, backend, stop_worker)
                 with anyio.fail_after(10):
                     while not (snapshot := RegistrySnapshot.model_validate(
                             (await client.get("/v1/workers")).json())).workers:
                         await anyio.sleep(0.05)
                 status = (await client.get("/v1/status")).json()
-            cli = build_parser().parse_args(["status", "--control-plane", control_plane])
-            assert await anyio.to_thread.run_sync(cli.run, cli) == 0
-            stop_worker.set()  # drains and deregisters while the control plane still runs
+                cli = build_parser().parse_args(["status", "--control-plane", control_plane,
+                                                 "--admin-identity", str(state / "admin")])
+                assert await anyio.to_thread.run_sync(cli.run, cli) == 0
+                stop_worker.set()  # drains and deregisters while the control plane still runs
         stop_cp.set()
+    assert snapshot.workers[0].registration.url.startswith("https://127.0.0.1:")
     registration = snapshot.workers[0].registration
     assert (registration.kind, registration.device, registration.device_memory_bytes) == (
         "gpu", "NVIDIA H200", 143771 * MIB)

@@ -307,9 +307,11 @@ async def test_http2_over_tls_with_a_private_ca(tmp_path: Path) -> None:
     ca_file, cert_file = tmp_path / "ca.pem", tmp_path / "cert.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     cert.private_key_and_cert_chain_pem.write_to_path(str(cert_file))
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert_file)
+    server_tls.set_alpn_protocols(["h2", "http/1.1"])
     sock = bind_tcp("127.0.0.1", 0)
-    config = internal_config(sock)
-    config.certfile = config.keyfile = str(cert_file)
+    config = internal_config(sock, tls=server_tls)  # it serves TLS with the context given
     url = f"https://127.0.0.1:{sock.getsockname()[1]}"
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
