@@ -96,7 +96,9 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 def gateway_scrape(stack: Stack) -> Samples:
-    return scrape(stack.gateway_admin_url)  # its admin listener: the public port has none
+    # Its admin listener (the public port has none): mutual TLS, as an admin; the
+    # gateway's certificate names its identity, not a host.
+    return scrape(stack.gateway_admin_url, verify=stack.admin_tls(check_hostname=False))
 
 
 def worker_scrape(stack: Stack, worker_id: str) -> Samples:
