@@ -30,6 +30,7 @@ client ``hedgerow cache purge`` uses.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -144,13 +145,14 @@ class GatewayAdmin:
 
 def purge(admin_url: str, token: str | None, *, tenant: str | None = None,
           model: str | None = None, key: str | None = None,
-          timeout_s: float = 10.0) -> dict[str, Any]:
-    """Ask one gateway's admin API to purge; its answer (raises ``httpx.HTTPError``)."""
+          timeout_s: float = 10.0, verify: ssl.SSLContext | bool = True) -> dict[str, Any]:
+    """Ask one gateway's admin API to purge; its answer (raises ``httpx.HTTPError``).
+    ``verify``: the admin's mutual-TLS client context for an https:// admin listener."""
     body = {k: v for k, v in {"tenant": tenant, "model": model, "key": key}.items()
             if v is not None}
     headers = {"authorization": f"Bearer {token}"} if token else {}
     reply = httpx.post(admin_url.rstrip("/") + "/admin/cache/purge", json=body,
-                       headers=headers, timeout=timeout_s)
+                       headers=headers, timeout=timeout_s, verify=verify)
     if reply.status_code != 200:
         try:
             message = reply.json()["error"]["message"]

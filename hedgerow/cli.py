@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import ssl
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -114,7 +115,7 @@ def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-
     up.add_argument("--port", type=int, default=8443, help="gateway port (TCP and UDP)")
     up.add_argument("--control-plane-port", type=int, default=8500)
     up.add_argument("--admin-port", type=int, default=None, metavar="N",
-                    help="the control plane's admin API on http://127.0.0.1:N only "
+                    help="the control plane's admin API on https://127.0.0.1:N only "
                          "(default: on --control-plane-port)")
     up.add_argument("--state-dir", type=Path, default=Path(".hedgerow"))
     up.add_argument("--slots", type=int, default=1)
@@ -136,16 +137,16 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
     cp.add_argument("--policy-dir", type=Path,
                     help="watched directory: a changed *.yaml file there is applied")
     cp.add_argument("--admin-token-file", type=Path,
-                    help="admin API token (default $HEDGEROW_ADMIN_TOKEN; none: loopback only)")
+                    help="admin API token (default $HEDGEROW_ADMIN_TOKEN; a second factor beside the admin certificate)")
     cp.add_argument("--metrics-token-file", type=Path,
                     help="read-only token for GET /metrics, which is served with the admin "
                          "API (default $HEDGEROW_METRICS_TOKEN; none: the admin token)")
     cp.add_argument("--admin-port", type=int, default=None, metavar="N",
                     help="serve the admin API (status, policy, upstreams) and /metrics on "
-                         "http://ADMIN-HOST:N only, not on --port (default: on --port)")
+                         "https://ADMIN-HOST:N only, not on --port (default: on --port)")
     cp.add_argument("--admin-host", default="127.0.0.1",
                     help="admin API address with --admin-port (default 127.0.0.1; "
-                         "loopback only without a token)")
+                         "with --insecure-internal, loopback only without a token)")
     _add_redis_options(cp, "share registry and policy with other replicas through this Redis "
                            "(rediss://USER:PASSWORD@HOST:PORT/DB; default $HEDGEROW_REDIS_URL; "
                            "none: in-process)")
@@ -258,11 +259,13 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                            "none: per gateway)")
     gw.add_argument("--admin-port", type=int, default=None, metavar="N",
                     help="serve the admin API (cache purge, stats) and /metrics on "
-                         "http://ADMIN-HOST:N, never on --port (default: off)")
+                         "https://ADMIN-HOST:N (mutual TLS, role admin), never on --port "
+                         "(default: off)")
     gw.add_argument("--admin-host", default="127.0.0.1",
-                    help="admin API address (default 127.0.0.1; loopback only without a token)")
+                    help="admin API address (default 127.0.0.1; with --insecure-internal, "
+                         "loopback only without a token)")
     gw.add_argument("--admin-token-file", type=Path,
-                    help="admin API token (default $HEDGEROW_ADMIN_TOKEN; none: loopback only)")
+                    help="admin API token (default $HEDGEROW_ADMIN_TOKEN; a second factor beside the admin certificate)")
     gw.add_argument("--metrics-token-file", type=Path,
                     help="read-only token for GET /metrics on the admin port "
                          "(default $HEDGEROW_METRICS_TOKEN; none: the admin token)")
@@ -280,11 +283,14 @@ def _add_cache(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     for name, help_text in (("purge", "remove cached answers by tenant, model or key"),
                             ("stats", "the cache's counters and entries")):
         kind = kinds.add_parser(name, help=help_text)
-        kind.add_argument("--gateway-admin", metavar="URL", default="http://127.0.0.1:8444",
+        kind.add_argument("--gateway-admin", metavar="URL", default="https://127.0.0.1:8444",
                           help="the gateway's admin API (its --admin-port; default "
-                               "http://127.0.0.1:8444)")
+                               "https://127.0.0.1:8444)")
         kind.add_argument("--admin-token-file", type=Path,
                           help="admin token (default $HEDGEROW_ADMIN_TOKEN)")
+        kind.add_argument("--admin-identity", type=Path, default=Path(os.environ.get(
+            "HEDGEROW_ADMIN_IDENTITY", ".hedgerow/control-plane/admin")),
+            help="the admin credential (default $HEDGEROW_ADMIN_IDENTITY or %(default)s)")
         kind.set_defaults(run=_run_cache)
         if name == "purge":
             kind.add_argument("--tenant", help="the tenant's own namespace")
@@ -301,15 +307,17 @@ def _run_cache(args: argparse.Namespace) -> int:
 
     try:
         token = read_admin_token(args.admin_token_file)
+        verify = _gateway_admin_tls(args)
         if args.cache_command == "purge":
             if not (args.tenant or args.model or args.key):
                 print("hedgerow cache purge: give --tenant, --model or --key", file=sys.stderr)
                 return 2
             result = purge(args.gateway_admin, token, tenant=args.tenant, model=args.model,
-                           key=args.key)
+                           key=args.key, verify=verify)
         else:
             reply = httpx.get(args.gateway_admin.rstrip("/") + "/admin/cache", timeout=10,
-                              headers={"authorization": f"Bearer {token}"} if token else {})
+                              headers={"authorization": f"Bearer {token}"} if token else {},
+                              verify=verify)
             reply.raise_for_status()
             result = reply.json()
     except (OSError, ValueError, httpx.HTTPError) as error:
@@ -317,6 +325,16 @@ def _run_cache(args: argparse.Namespace) -> int:
         return 1
     print(orjson.dumps(result).decode())
     return 0
+
+
+def _gateway_admin_tls(args: argparse.Namespace) -> ssl.SSLContext | bool:
+    """The admin credential for a gateway's https:// admin listener. A gateway's
+    certificate names its identity, not a host: the chain is checked, not the name."""
+    if not args.gateway_admin.startswith("https:"):
+        return True
+    from hedgerow.trust.credentials import Credentials, TlsContexts
+
+    return TlsContexts(Credentials(args.admin_identity)).client(check_hostname=False)
 
 
 def _add_worker(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
