@@ -18,6 +18,7 @@ from control_plane.policy_service import start_policy_service
 from control_plane.registry import Registry
 from control_plane.registry_actor import RegistryActor
 from control_plane.shared_state import registry_actor_factory, shared_redis
+from control_plane.shared_trust import SharedTrust
 from control_plane.trust_service import (ADMIN_CERT_TTL, DEFAULT_CERT_TTL_S, SERVING_CERT_TTL,
                                          SERVING_RENEW_BEFORE, TrustService, serving_names)
 from control_plane.upstream_api import start_upstream_service
@@ -89,6 +90,12 @@ async def run_control_plane(
     metrics = ControlPlaneMetrics(published)
     # redis is None without a URL: in-process state.
     async with shared_redis(redis_url, redis_tls) as redis, Supervisor() as supervisor:
+        if trust is not None and redis is not None:
+            # Tokens and revocations reach every replica on this Redis.
+            trust.shared = SharedTrust(redis)
+            await trust.refresh()
+            shared_book = trust.shared
+            supervisor.run_service("trust-sync", lambda: shared_book.follow(trust.book))
         factory = registry_actor_factory(redis, lease_s, published, metrics)
         if factory is None:
             factory = lambda: RegistryActor(registry, published, metrics)  # noqa: E731

@@ -93,8 +93,10 @@ class TrustApi:
 
     async def join(self, request: Request) -> None:
         body = await _parse(request, JoinBody)
+        await self.trust.refresh()  # a token may have been made through another replica
         with _refusals():
             issued = self.trust.join(body.token, body.name, body.csr.encode())
+        await self.trust.flush()
         await send_json(request.send, 201, issued.json())
 
     async def renew(self, request: Request) -> None:
@@ -103,6 +105,7 @@ class TrustApi:
         assert peer is not None  # the route's role check passed
         with _refusals():
             issued = self.trust.renew(peer, body.csr.encode())
+        await self.trust.flush()
         await send_json(request.send, 201, issued.json())
 
     async def create_token(self, request: Request) -> None:
@@ -113,9 +116,11 @@ class TrustApi:
                 description=body.description)
         except ValueError as error:
             raise InvalidRequest(str(error), code="invalid_token_request") from None
+        await self.trust.flush()
         await send_json(request.send, 201, {"token": text, **record})
 
     async def list_tokens(self, request: Request) -> None:
+        await self.trust.refresh()
         tokens = [t.public() for t in self.trust.book.tokens.values()]
         holders = {k: vars(h) for k, h in self.trust.book.holders.items()}
         await send_json(request.send, 200, {"tokens": tokens, "holders": holders,
@@ -127,6 +132,7 @@ class TrustApi:
             identities = self.trust.revoke_token(token_id)
         except KeyError:
             raise UnknownWorker(f"no join token {token_id!r}", code="unknown_token") from None
+        await self.trust.flush()
         for identity in identities:
             await self.evict(identity)
         await send_json(request.send, 200, {"token_id": token_id, "revoked": True,
@@ -139,6 +145,7 @@ class TrustApi:
         except IdentityError as error:
             raise InvalidRequest(str(error), code="invalid_identity") from None
         self.trust.revoke_identity(identity)
+        await self.trust.flush()
         await self.evict(identity)
         await send_json(request.send, 200, {"identity": str(identity), "revoked": True})
 

@@ -25,6 +25,9 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from redis.exceptions import RedisError
+
+from control_plane.shared_trust import HOLDERS, REVOKED, TOKENS, SharedTrust
 from hedgerow.errors import AuthenticationFailed, PermissionDenied
 from hedgerow.trust.ca import ClusterCA, csr_public_key
 from hedgerow.trust.credentials import Credentials
@@ -67,6 +70,9 @@ class TrustService:
         self._book_path = state_dir / "trust.json"
         self.book = self._load_book()
         self.revocations = 0  # bumped on every revocation; watch streams poll it
+        # With --redis: the book shared with the other replicas (control_plane.shared_trust).
+        self.shared: SharedTrust | None = None
+        self._changed: list[tuple[str, str]] = []
 
     @classmethod
     def open(cls, state_dir: Path, *, ca_cert: Path | None = None, ca_key: Path | None = None,
@@ -91,6 +97,7 @@ class TrustService:
         not_after = (now + self.cert_lifetime).timestamp()
         identity = self.book.redeem(token, name, now.timestamp(), cert_expires_at=not_after)
         cert = self.ca.issue(public_key, identity, lifetime=self.cert_lifetime, now=now)
+        self._changed.append((HOLDERS, str(identity)))
         self._save_book()
         log.info("issued %s a certificate (join, serial %x)", identity, cert.serial_number)
         return Issued(identity, cert, self.ca.cert)
@@ -102,6 +109,7 @@ class TrustService:
         self.book.renewed(peer.identity, peer.issued_at.timestamp(), now.timestamp(),
                           cert_expires_at=(now + lifetime).timestamp())
         cert = self.ca.issue(public_key, peer.identity, lifetime=lifetime, now=now)
+        self._changed.append((HOLDERS, str(peer.identity)))
         self._save_book()
         log.info("renewed %s's certificate (serial %x)", peer.identity, cert.serial_number)
         return Issued(peer.identity, cert, self.ca.cert)
@@ -164,12 +172,14 @@ class TrustService:
                      description: str) -> tuple[str, dict[str, object]]:
         text, record = self.book.create_token(role, self.clock(), ttl_s=ttl_s, name=name,
                                               description=description)
+        self._changed.append((TOKENS, record.token_id))
         self._save_book()
         log.info("join token %s created for role %s", record.token_id, role)
         return text, record.public()
 
     def revoke_token(self, token_id: str) -> list[Identity]:
         identities = self.book.revoke_token(token_id, self.clock())
+        self._changed += [(TOKENS, token_id), *((REVOKED, str(i)) for i in identities)]
         self._revoked()
         log.warning("join token %s revoked, with %s", token_id,
                     ", ".join(map(str, identities)) or "no identity")
@@ -177,8 +187,25 @@ class TrustService:
 
     def revoke_identity(self, identity: Identity) -> None:
         self.book.revoke_identity(identity, self.clock())
+        self._changed.append((REVOKED, str(identity)))
         self._revoked()
         log.warning("identity %s revoked", identity)
+
+    async def refresh(self) -> None:
+        """Take in the other replicas' tokens and revocations now (before a join)."""
+        if self.shared is not None:
+            await self.shared.sync_once(self.book)
+
+    async def flush(self) -> None:
+        """Write this replica's changes to the shared book (no-op without Redis)."""
+        changed, self._changed = self._changed, []
+        if self.shared is None or not changed:
+            return
+        try:
+            await self.shared.write(self.book, changed)
+        except (RedisError, OSError) as error:
+            log.error("could not share %d trust change(s) with the other replicas: %s "
+                      "(kept here; revocations made here are enforced here)", len(changed), error)
 
     def _revoked(self) -> None:
         self.revocations += 1

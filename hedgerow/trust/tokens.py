@@ -158,6 +158,24 @@ class TrustBook:
             self.revoke_identity(identity, now)
         return joined
 
+    def merge(self, other: TrustBook) -> None:
+        """Take in another replica's view: unknown tokens and holders are added, a
+        revocation anywhere wins, the newer of two holders stays, and revocation
+        times only ever move later (a revocation is never undone by a merge)."""
+        for token_id, theirs in other.tokens.items():
+            ours = self.tokens.get(token_id)
+            if ours is None:
+                self.tokens[token_id] = theirs
+            elif ours.revoked_at is None and theirs.revoked_at is not None:
+                self.tokens[token_id] = replace(ours, revoked_at=theirs.revoked_at)
+        for key, theirs_holder in other.holders.items():
+            mine = self.holders.get(key)
+            if mine is None or (theirs_holder.joined_at, theirs_holder.cert_expires_at) > (
+                    mine.joined_at, mine.cert_expires_at):
+                self.holders[key] = theirs_holder
+        for key, when in other.revoked.items():
+            self.revoked[key] = max(when, self.revoked.get(key, when))
+
     def forget_old(self, now: float) -> None:
         for token_id, token in list(self.tokens.items()):
             ended = token.revoked_at if token.revoked_at is not None else token.expires_at
