@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 
 from bench.loadgen import OpenLoop, RequestSpec, Target, http_version_from_env, run_load
 from bench.overhead import overhead
@@ -102,7 +101,7 @@ def worker_generations(stack: Stack) -> int:
     """Generations the workers started (finished or cancelled): the real worker load."""
     total = 0
     for record in stack.workers():
-        status = httpx.get(record["registration"]["url"] + "/status").json()
+        status = stack.worker_status(record["registration"]["worker_id"])
         total += int(status["generations_total"]) + int(status["active"])
     return total
 
