@@ -176,6 +176,7 @@ class PopsStack:
             if minted.returncode != 0:
                 raise RuntimeError(f"pops scenario: no join token from {pop.name}'s control "
                                    f"plane:\n{minted.stdout}{minted.stderr}")
+            token.touch(mode=0o600)  # a secret: readable by this user only
             token.write_text(minted.stdout.splitlines()[0].strip())
             self.tokens.add((pop.name, role))
         return ["--join-url", f"https://127.0.0.1:{JOIN_PORT}", "--join-token-file", str(token),
