@@ -146,16 +146,16 @@ def _until_cached(client: Client, question: str, kind: str, timeout_s: float = 1
              timeout_s)
 
 
-def _semantic_ready(admin: str) -> bool:
-    return bool(httpx.get(admin + "/admin/cache", timeout=5).json()["semantic_ready"])
+def _semantic_ready(admin: httpx.Client) -> bool:
+    return bool(admin.get("/admin/cache").json()["semantic_ready"])
 
 
-def _c_client_hits(gateway_url: str, admin: str, asked: str, seconds: float,
+def _c_client_hits(gateway_url: str, admin: httpx.Client, asked: str, seconds: float,
                    workdir: Path) -> dict[str, Any]:
     """The same exact hit, and the HTTPS floor, timed by a C client (wrk); the
     gateway's own count checks that every request it answered was an exact hit."""
     def exact_count() -> int:
-        return int(httpx.get(admin + "/admin/cache", timeout=5).json()["exact"])
+        return int(admin.get("/admin/cache").json()["exact"])
 
     before = exact_count()
     hits = wrk_latency(gateway_url + "/v1/chat/completions", seconds, workdir,
@@ -193,8 +193,11 @@ def cache(quick: bool, workdir: Path) -> dict[str, Any]:
         stack.start_control_plane()
         stack.start_worker("sim-1", *SIM)
         admin_port = free_port()
-        admin = f"http://127.0.0.1:{admin_port}"
         stack.start_gateway("--policy", str(policy_path), "--admin-port", str(admin_port))
+        # The admin listener takes mutual TLS as the cluster's admin; the gateway is
+        # known by its identity, not a hostname.
+        admin = httpx.Client(base_url=f"https://127.0.0.1:{admin_port}", timeout=5,
+                             verify=stack.admin_tls(check_hostname=False))
         # Accuracy first, with this process's own MiniLM, while the gateway loads its own.
         pairs = load_pairs()
         scored = score_pairs(pairs, load_minilm(threads=1))
@@ -241,11 +244,11 @@ def cache(quick: bool, workdir: Path) -> dict[str, Any]:
             result["exact_hit_stream_p99_ms"] = _ms(
                 [s[1] for s in exact_stream if s[2] == "exact"], 99)
             # Semantic hits: cache the first questions of accepted pairs, ask their paraphrases.
-            before = int(httpx.get(admin + "/admin/cache", timeout=5).json()["semantic_entries"])
+            before = int(admin.get("/admin/cache").json()["semantic_entries"])
             seeds = accepted[:12]
             for pair in seeds:
                 client.whole(pair.a)
-            wait_for(lambda: httpx.get(admin + "/admin/cache", timeout=5).json()[
+            wait_for(lambda: admin.get("/admin/cache").json()[
                 "semantic_entries"] >= before + len(seeds), "the questions to be indexed", 10)
             fallbacks: dict[str, int] = {}
 
@@ -261,8 +264,7 @@ def cache(quick: bool, workdir: Path) -> dict[str, Any]:
 
             def forget(question: str) -> None:
                 key = cache_keys("local", chat(question), policy).exact
-                httpx.post(admin + "/admin/cache/purge", json={"key": key},
-                           timeout=5).raise_for_status()
+                admin.post("/admin/cache/purge", json={"key": key}).raise_for_status()
 
             chosen = [p for p in seeds
                       if any(paraphrase(p.b)[1] == "semantic" for _ in range(3))]
@@ -279,7 +281,8 @@ def cache(quick: bool, workdir: Path) -> dict[str, Any]:
                 1 for s in exact_stream if s[2] != "exact")
         finally:
             client.close()
-        stats = httpx.get(admin + "/admin/cache", timeout=5).json()
+        stats = admin.get("/admin/cache").json()
+        admin.close()
         result["gateway_cache_stats"] = {k: stats[k] for k in (
             "exact", "semantic", "miss", "stored", "redis_errors", "guard_rejections")}
     finally:

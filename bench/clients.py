@@ -29,6 +29,11 @@ class Target:
     base_url: str
     http_version: Literal["1.1", "2", "3"] = "1.1"
     ca_file: Path | None = None  # e.g. the gateway's dev CA; None: system trust
+    # A client certificate to present (a directory with cert.pem and key.pem), e.g.
+    # the cluster's admin credential for a worker's mutual-TLS URL; a worker is
+    # known by its identity, not a hostname (check_hostname=False then).
+    client_identity: Path | None = None
+    check_hostname: bool = True
     headers: Mapping[str, str] = field(default_factory=dict)  # sent with every request
     request_timeout_s: float = 60.0  # whole request, from the actual send
     headers_of_interest: tuple[str, ...] = HEADERS_OF_INTEREST
@@ -52,6 +57,10 @@ class HttpClients:
         # Built once: loading a CA bundle costs tens of ms, too much for every new client.
         self._tls = (ssl.create_default_context(cafile=str(target.ca_file)) if target.ca_file
                      else httpx.create_ssl_context())
+        self._tls.check_hostname = target.check_hostname
+        if target.client_identity is not None:
+            self._tls.load_cert_chain(target.client_identity / "cert.pem",
+                                      target.client_identity / "key.pem")
         self._shared: httpx.AsyncClient | None = None  # HTTP/2
         self._quic: H3Client | None = None  # HTTP/3
         self._quic_lock = anyio.Lock()

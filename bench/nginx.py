@@ -4,6 +4,11 @@ The Debian ``nginx`` package's binary, started in the foreground with a
 generated config in its own directory: one worker process, TLS with the
 certificate it is given, HTTP/2, streaming unbuffered (``proxy_buffering off``)
 to an upstream it keeps keep-alive HTTP/1.1 connections to, no access log.
+With ``upstream_tls`` it speaks TLS to the upstream and presents a client
+certificate (a Hedgerow worker takes mutual TLS only). nginx checks an upstream
+certificate's DNS/IP names, never a SPIFFE URI, so it does not verify a worker
+(whose certificate names only its identity): the handshake costs it the same,
+and kept-alive connections make handshakes rare either way.
 That is the configuration an operator would use to put nginx in front of an
 SSE-streaming model server, so its added latency and CPU are a fair yardstick.
 """
@@ -46,10 +51,11 @@ class NginxConfig:
 
     root: Path  # config, pid file, error log and temp paths go here
     port: int
-    upstream: str  # host:port of the plain-HTTP upstream
+    upstream: str  # host:port of the upstream
     cert: Path
     key: Path
     upstream_keepalive: int = 256
+    upstream_tls: Path | None = None  # TLS upstream: a directory with cert.pem, key.pem
 
     def render(self) -> str:
         root = self.root
@@ -74,8 +80,8 @@ http {{
         ssl_protocols TLSv1.2 TLSv1.3;
         keepalive_requests 1000000;
         location / {{
-            proxy_pass http://model_worker;
-            proxy_http_version 1.1;
+            proxy_pass {"https" if self.upstream_tls else "http"}://model_worker;
+{self._upstream_tls_lines()}            proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_buffering off;
             proxy_cache off;
@@ -86,12 +92,26 @@ http {{
 """
 
 
-def start_nginx(root: Path, upstream: str, cert: Path, key: Path) -> tuple[Proc, str]:
+    def _upstream_tls_lines(self) -> str:
+        if self.upstream_tls is None:
+            return ""
+        creds = self.upstream_tls
+        return (f"            proxy_ssl_certificate {creds / 'cert.pem'};\n"
+                f"            proxy_ssl_certificate_key {creds / 'key.pem'};\n"
+                # Hedgerow's internal listeners take TLS 1.3 only; nginx 1.22
+                # offers up to 1.2 upstream unless told.
+                "            proxy_ssl_protocols TLSv1.2 TLSv1.3;\n"
+                "            proxy_ssl_session_reuse on;\n")
+
+
+def start_nginx(root: Path, upstream: str, cert: Path, key: Path,
+                upstream_tls: Path | None = None) -> tuple[Proc, str]:
     """Start nginx proxying ``https://127.0.0.1:PORT`` to ``upstream``; the process and URL."""
     binary = nginx_binary()
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)  # worker processes may run as another user when started as root
-    config = NginxConfig(root=root, port=free_port(), upstream=upstream, cert=cert, key=key)
+    config = NginxConfig(root=root, port=free_port(), upstream=upstream, cert=cert, key=key,
+                         upstream_tls=upstream_tls)
     config_path = root / "nginx.conf"
     config_path.write_text(config.render())
     log_path = root / "nginx.log"

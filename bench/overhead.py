@@ -1,9 +1,11 @@
 """Scenario ``overhead``: what Hedgerow adds to a request, next to nginx and to nothing.
 
 One simulated worker with a fixed latency (no jitter) is measured three ways
-in the same run: ``direct`` (the worker's own URL, plain HTTP/1.1),
-``hedgerow`` (through the gateway, TLS) and ``nginx`` (through nginx, TLS,
-configured by ``bench.nginx``). Each concurrency level (closed loop: N streams
+in the same run: ``direct`` (the worker's own URL, mutual TLS as the cluster's
+admin, HTTP/1.1), ``hedgerow`` (through the gateway, TLS; the gateway reaches
+the worker over mutual TLS, as deployed) and ``nginx`` (through nginx, TLS,
+configured by ``bench.nginx``; TLS to the worker too, presenting the admin
+credential, so both proxies pay the same hop). Each concurrency level (closed loop: N streams
 back to back) runs in rounds, and every round measures all three targets one
 after another, rotating which goes first, so drift on this shared machine
 hits all three alike. Before each measured run, an unmeasured warm-up of one
@@ -117,11 +119,16 @@ def measure_overhead(workdir: Path, plan: OverheadPlan) -> dict[str, Any]:
         worker_url = _start_fixed_worker(stack, plan)
         gateway = stack.start_gateway("--policy", str(workdir / "policy.yaml"))
         tls_dir = workdir / "state" / "tls"
-        nginx, nginx_url = start_nginx(workdir / "nginx", worker_url.removeprefix("http://"),
-                                       tls_dir / "cert.pem", tls_dir / "key.pem")
+        upstream_tls = None if stack.insecure else stack.admin_identity
+        nginx, nginx_url = start_nginx(workdir / "nginx", worker_url.split("://", 1)[1],
+                                       tls_dir / "cert.pem", tls_dir / "key.pem",
+                                       upstream_tls=upstream_tls)
         stack.procs.append(nginx)
         http = http_version_from_env()
-        targets = {"direct": Target(worker_url, request_timeout_s=120.0),
+        direct = Target(worker_url, request_timeout_s=120.0,
+                        ca_file=None if stack.insecure else stack.cluster_ca,
+                        client_identity=upstream_tls, check_hostname=False)
+        targets = {"direct": direct,
                    "hedgerow": Target(stack.gateway_url, http, stack.ca_cert, request_timeout_s=120.0),
                    "nginx": Target(nginx_url, http, stack.ca_cert, request_timeout_s=120.0)}
         pids = {"hedgerow": gateway.popen.pid, "nginx": nginx.popen.pid}

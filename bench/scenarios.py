@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 
 from bench.loadgen import OpenLoop, RequestSpec, Target, http_version_from_env, run_load
 from bench.internal_tls import internal_tls
@@ -106,7 +105,7 @@ def worker_generations(stack: Stack) -> int:
     """Generations the workers started (finished or cancelled): the real worker load."""
     total = 0
     for record in stack.workers():
-        status = httpx.get(record["registration"]["url"] + "/status").json()
+        status = stack.worker_status(record["registration"]["worker_id"])
         total += int(status["generations_total"]) + int(status["active"])
     return total
 

@@ -180,13 +180,15 @@ def soak(quick: bool, workdir: Path, duration_s: float | None = None) -> dict[st
         stack.start_control_plane(lease_s=2.0)
         for worker_id in WORKERS:
             stack.start_worker(worker_id, *WORKER_ARGS)
-        admin = f"http://127.0.0.1:{free_port()}"
+        admin = f"https://127.0.0.1:{free_port()}"
         gateway = stack.start_gateway("--policy", str(policy),
                                       "--admin-port", admin.rsplit(":", 1)[1])
         # The embedding sidecar's connection tasks start once its model is
-        # loaded: count the idle tasks after that, not before.
-        wait_for(lambda: httpx.get(admin + "/admin/cache", timeout=5).json()["semantic_ready"],
-                 "the gateway's embedding model", 180)
+        # loaded: count the idle tasks after that, not before. (The admin
+        # listener: mutual TLS as the cluster's admin; no hostname to check.)
+        verify = stack.admin_tls(check_hostname=False)
+        wait_for(lambda: httpx.get(admin + "/admin/cache", timeout=5, verify=verify).json()
+                 ["semantic_ready"], "the gateway's embedding model", 180)
         return _run(stack, gateway.popen.pid, duration)
     finally:
         stack.stop_all()

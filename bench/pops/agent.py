@@ -6,8 +6,10 @@ a PoP's gateway from its client namespace) is asked of an agent started there
 with ``ip netns exec``. One JSON command per stdin line, one JSON answer per
 stdout line:
 
-``{"op": "get", "url": U, "ca": PATH|null}``
+``{"op": "get", "url": U, "ca": PATH|null, "identity": DIR|null}``
     → ``{"status": 200, "json": ...}`` or ``{"error": "..."}``
+    (``identity``: a directory with cert.pem and key.pem, presented as the client
+    certificate — the control plane's admin credential for its admin routes)
 ``{"op": "load", "url": U, "ca": PATH|null, "rate": R, "duration": S, "seed": N, "tag": T}``
     → ``{"records": [{"tag", "ok", "ttft_s", "status", "error", "detail", "worker"}...]}``
     (open-loop Poisson load from ``bench.loadgen``, latency from the intended send)
@@ -16,6 +18,7 @@ stdout line:
 from __future__ import annotations
 
 import random
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,9 +42,21 @@ def _factory(tag: str) -> Any:
     return factory
 
 
+def _verify(command: dict[str, Any]) -> Any:
+    """httpx's ``verify``: the CA to trust, and the client certificate if any."""
+    ca, identity = command.get("ca"), command.get("identity")
+    if not identity:
+        return ca or True
+    context = ssl.create_default_context(cafile=ca)
+    context.load_cert_chain(Path(identity) / "cert.pem", Path(identity) / "key.pem")
+    return context
+
+
 async def _get(command: dict[str, Any]) -> dict[str, Any]:
-    verify: Any = command.get("ca") or True
     try:
+        # Inside the try: a credential the control plane has not written yet is
+        # an answer ("not yet"), not the end of the agent.
+        verify = _verify(command)
         async with httpx.AsyncClient(verify=verify, timeout=5.0) as client:
             response = await client.get(command["url"])
         try:
@@ -49,7 +64,7 @@ async def _get(command: dict[str, Any]) -> dict[str, Any]:
         except ValueError:
             body = None
         return {"status": response.status_code, "json": body}
-    except httpx.HTTPError as error:
+    except (httpx.HTTPError, OSError) as error:  # ssl.SSLError is an OSError
         return {"error": f"{type(error).__name__}: {error}"}
 
 

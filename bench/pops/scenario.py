@@ -20,13 +20,25 @@ Three phases on the one stack, the same load each time:
 
 TTFT is measured by the clients from the intended send time, so it includes
 the WAN round trip whenever a request was served in the other PoP.
+
+Internal trust runs as in production (mutual TLS, no ``--insecure-internal``):
+the namespaces share one filesystem, so every control-plane replica runs on the
+same ``--state-dir`` — the first one started makes the cluster CA and the admin
+credential, the others load them (they start one after the other for that).
+Each PoP's replica mints that PoP's join tokens (``hedgerow token create`` run
+inside its namespace with the admin credential), and its workers and gateway
+join through its join port on the PoP's loopback. A gateway reaches the other
+PoP's workers over the WAN and verifies them by identity, as at home.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +57,8 @@ log = logging.getLogger("hedgerow.bench.pops")
 MODEL = "smollm2-135m-instruct"
 REDIS_PORT = 6400
 CONTROL_PLANE_PORT = 8500
+JOIN_PORT = 8501
+CONTROL_PLANE = f"https://127.0.0.1:{CONTROL_PLANE_PORT}"  # on each PoP's own loopback
 GATEWAY_PORT = 8443
 WORKERS_PER_POP = 2
 READY_TIMEOUT_S = 90.0
@@ -107,6 +121,7 @@ class PopsStack:
         self.policy_dir = root / "policies"
         self.policy_version = 0
         self.routing = "local_first"
+        self.tokens: set[tuple[str, str]] = set()  # (pop, role) join tokens minted
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -119,12 +134,53 @@ class PopsStack:
         first = self.net.pops[0]
         self.procs.redis(first.namespace, REDIS_PORT)
         redis_url = f"redis://{first.address}:{REDIS_PORT}/0"
+        for pop in self.net.pops:
+            self.ops[pop.name] = self.procs.agent(pop.namespace, f"ops-{pop.name}")
         for pop, (_, region) in zip(self.net.pops, self.setup.pops):
             self._start_pop(pop, region, redis_url, with_policy_dir=pop is first)
         for pop in self.net.pops:
-            self.ops[pop.name] = self.procs.agent(pop.namespace, f"ops-{pop.name}")
             self.clients[pop.name] = self.procs.agent(pop.client_namespace, f"clients-{pop.name}")
         self._wait_ready()
+
+    @property
+    def control_plane_state(self) -> Path:
+        """Every replica's --state-dir: the cluster CA, the admin credential, trust.json."""
+        return self.root / "control-plane"
+
+    @property
+    def cluster_ca(self) -> Path:
+        return self.control_plane_state / "ca" / "ca.pem"
+
+    @property
+    def admin_identity(self) -> Path:
+        return self.control_plane_state / "admin"
+
+    def admin_get(self, pop: str, path: str) -> dict[str, Any]:
+        """GET a route of ``pop``'s control plane as the operator (from inside its namespace)."""
+        return self.ops[pop].ask({"op": "get", "url": CONTROL_PLANE + path,
+                                  "ca": str(self.cluster_ca),
+                                  "identity": str(self.admin_identity)})
+
+    def _join_args(self, pop: Pop, role: str) -> list[str]:
+        """Flags that make a worker or gateway join ``pop``'s control plane; the token
+        is minted by that replica, so it is the one that knows it."""
+        token = self.root / f"{pop.name}-{role}.token"
+        if (pop.name, role) not in self.tokens:  # minted afresh by this run's replica
+            minted = subprocess.run(
+                [*self.net.exec_prefix(pop.namespace), sys.executable, "-m", "hedgerow.cli",
+                 "token", "create", "--role", role, "--ttl", "24h",
+                 "--description", f"bench pops {pop.name}"],
+                capture_output=True, text=True, timeout=60,
+                env=dict(os.environ, HEDGEROW_ADMIN_IDENTITY=str(self.admin_identity),
+                         HEDGEROW_CONTROL_PLANE=CONTROL_PLANE))
+            if minted.returncode != 0:
+                raise RuntimeError(f"pops scenario: no join token from {pop.name}'s control "
+                                   f"plane:\n{minted.stdout}{minted.stderr}")
+            token.touch(mode=0o600)  # a secret: readable by this user only
+            token.write_text(minted.stdout.splitlines()[0].strip())
+            self.tokens.add((pop.name, role))
+        return ["--join-url", f"https://127.0.0.1:{JOIN_PORT}", "--join-token-file", str(token),
+                "--ca-file", str(self.cluster_ca)]
 
     def stop(self) -> None:
         try:
@@ -144,18 +200,28 @@ class PopsStack:
         _wait(lambda: "ready" in relay.log() or _exited(relay), "the relay")
 
     def _start_pop(self, pop: Pop, region: str, redis_url: str, *, with_policy_dir: bool) -> None:
-        ns, cp = pop.namespace, f"http://127.0.0.1:{CONTROL_PLANE_PORT}"
+        ns, cp = pop.namespace, CONTROL_PLANE
         policy = (["--policy-dir", str(self.policy_dir)] if with_policy_dir
                   else ["--policy", str(self.policy_dir / "policy.yaml")])
-        self.procs.hedgerow(ns, f"control-plane-{pop.name}", "control-plane", "--host",
-                            "127.0.0.1", "--port", str(CONTROL_PLANE_PORT), "--lease-s", "2",
-                            "--redis", redis_url, *policy)
+        control_plane = self.procs.hedgerow(
+            ns, f"control-plane-{pop.name}", "control-plane", "--host", "127.0.0.1",
+            "--port", str(CONTROL_PLANE_PORT), "--lease-s", "2", "--redis", redis_url,
+            "--state-dir", str(self.control_plane_state), "--join-port", str(JOIN_PORT), *policy)
+        # Up (and, for the first, the CA written) before the next replica loads it.
+        _wait(lambda: _exited(control_plane)
+              or self.admin_get(pop.name, "/healthz").get("status") == 200,
+              f"{pop.name}'s control plane")
+        if _exited(control_plane):
+            raise RuntimeError(f"pops scenario: {pop.name}'s control plane exited:\n"
+                               f"{control_plane.log()}")
         s = self.setup
         self.workers[pop.name] = [
             self.procs.hedgerow(
                 ns, f"{pop.name}-{i}", "worker", "--backend", "sim", "--host", "0.0.0.0",
                 "--port", str(s.worker_port(pop.number, i)), "--advertise-host", pop.address,
                 "--control-plane", cp, "--worker-id", f"{pop.name}-{i}",
+                "--state-dir", str(self.root / f"state-{pop.name}"),
+                *self._join_args(pop, "worker"),
                 "--label", f"pop={pop.name}", "--label", f"region={region}",
                 "--slots", str(s.slots), "--sim-prefill-ms-per-token", str(s.prefill_ms_per_token),
                 "--sim-decode-ms-per-token", str(s.decode_ms_per_token), "--sim-jitter", "0.1",
@@ -166,12 +232,13 @@ class PopsStack:
                             pop.client_facing_address, "--port", str(GATEWAY_PORT),
                             "--control-plane", cp, "--state-dir", str(self.root / f"state-{pop.name}"),
                             "--certfile", str(certs / "cert.pem"), "--keyfile", str(certs / "key.pem"),
-                            "--pop", pop.name, "--gateway-id", f"gw-{pop.name}")
+                            "--pop", pop.name, "--gateway-id", f"gw-{pop.name}",
+                            *self._join_args(pop, "gateway"))
 
     def _wait_ready(self) -> None:
         expected = len(self.net.pops) * WORKERS_PER_POP
         for pop in self.net.pops:
-            _wait(lambda: len(self._status(pop.name).get("workers", [])) == expected,
+            _wait(lambda: len(self.status(pop.name).get("workers", [])) == expected,
                   f"{pop.name}'s control plane to list {expected} workers")
             url = f"https://{pop.client_facing_address}:{GATEWAY_PORT}/readyz"
             _wait(lambda: self.clients[pop.name].ask({"op": "get", "url": url, "ca": self.ca})
@@ -179,10 +246,8 @@ class PopsStack:
         self.policy_version = self._wait_policy_running(min_version=1)
         time.sleep(1.0)  # the gateways' registry watch catches up with the last worker
 
-    def _status(self, pop: str) -> dict[str, Any]:
-        answer = self.ops[pop].ask({"op": "get", "url":
-                                    f"http://127.0.0.1:{CONTROL_PLANE_PORT}/v1/status"})
-        body = answer.get("json")
+    def status(self, pop: str) -> dict[str, Any]:
+        body = self.admin_get(pop, "/v1/status").get("json")
         return body if isinstance(body, dict) else {}
 
     def _wait_policy_running(self, min_version: int) -> int:
@@ -191,7 +256,7 @@ class PopsStack:
 
         def every_gateway_runs_it() -> bool:
             for pop in self.net.pops:
-                status = self._status(pop.name)
+                status = self.status(pop.name)
                 version = int(status.get("policy", {}).get("version", 0))
                 running = {row["gateway_id"]: row["running_version"]
                            for row in status.get("gateways", [])}

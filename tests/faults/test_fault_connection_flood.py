@@ -51,8 +51,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack.start_gateway("--drain-timeout-s", "1", "--admin-port", str(admin_port))
         # Measure with the embedding model loaded (in its sidecar), not while
         # it loads: a load landing inside the flood would be counted as the flood's.
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{admin_port}/admin/cache").json()
-                 ["semantic_ready"], "the embedding sidecar", 180)
+        # The admin listener is mutual TLS: the operator's credential, and the
+        # gateway is known by its identity, not a hostname.
+        admin_url = f"https://127.0.0.1:{admin_port}/admin/cache"
+        verify = stack.admin_tls(check_hostname=False)
+        wait_for(lambda: httpx.get(admin_url, verify=verify).json()["semantic_ready"],
+                 "the embedding sidecar", 180)
         yield stack
     finally:
         stack.stop_all()

@@ -45,10 +45,12 @@ def test_bench_run_writes_png_plots(tmp_path: Path) -> None:
         stack.start_control_plane()
         stack.start_worker("sim-1", "--backend", "sim", "--slots", "4",
                            "--sim-prefill-ms-per-token", "0.1", "--sim-decode-ms-per-token", "2")
-        record = stack.worker("sim-1")
-        assert record is not None
+        # Through the gateway: a worker's own URL takes only mutual TLS now, and
+        # `bench run` drives any OpenAI-compatible URL a client can reach.
+        stack.start_gateway()
         done = subprocess.run([sys.executable, "-m", "hedgerow.cli", "bench", "run",
-                               record["registration"]["url"], "--concurrency", "2", "--count", "6",
+                               stack.gateway_url, "--cacert", str(stack.ca_cert),
+                               "--concurrency", "2", "--count", "6",
                                "--max-tokens", "4", "--out", str(tmp_path / "out")],
                               capture_output=True, text=True, timeout=60)
     finally:

@@ -1,4 +1,5 @@
-"""The multi-PoP harness: namespaces joined only through the delaying relay.
+"""The multi-PoP harness: namespaces joined only through the delaying relay,
+and the benchmark's stack on it (two control-plane replicas, one cluster CA).
 
 Runs as root (as CI does). If the namespaces cannot be built this FAILS with
 the command that did not work: the harness is part of the product's
@@ -17,6 +18,7 @@ import pytest
 
 from bench.pops.netns import NetnsUnavailable, PopNetwork
 from bench.pops.relay import LinkShape, RelayConfig
+from bench.pops.scenario import CONTROL_PLANE, PopsSetup, PopsStack, summarize
 
 PORT = 7999
 RTT_MS = 100.0
@@ -99,3 +101,30 @@ def test_cross_pop_traffic_pays_the_wan_and_only_goes_through_the_relay(
         for proc in (relay, echo):
             proc.kill()
             proc.wait(10)
+
+
+def test_both_pops_join_one_cluster_and_serve_each_other_over_mutual_tls(tmp_path: Path) -> None:
+    """The benchmark's stack as it runs: every process joins (no --insecure-internal);
+    a gateway verifies the other PoP's workers by the same cluster CA."""
+    stack = PopsStack(PopsSetup(rate_per_pop=3.0), tmp_path / "pops")
+    try:
+        try:
+            stack.start()
+        except NetnsUnavailable as error:
+            pytest.fail(f"cannot build network namespaces here (run as root with iproute2): "
+                        f"{error}")
+        stack.apply_routing("blind")  # any PoP's worker: some requests cross the WAN
+        records = stack.drive(4.0, seed=1)
+        summary = summarize(records)
+        assert summary["requests"] > 0 and summary["served_fraction"] == 1.0, summary
+        assert summary["served_in_other_pop"] > 0, summary
+        logs = {proc.name: proc.log() for proc in stack.procs.procs}
+        assert not any("INSECURE" in text for text in logs.values())
+        assert "joined as worker/fra-1" in logs["fra-1"]
+        # With the admin credential the PoP's control plane answers; without it, nothing.
+        assert stack.status("fra")["gateways"], "the operator reads fra's status"
+        outsider = stack.ops["fra"].ask({"op": "get", "url": CONTROL_PLANE + "/v1/status",
+                                         "ca": str(stack.cluster_ca)})
+        assert "error" in outsider or outsider["status"] in (401, 403), outsider
+    finally:
+        stack.stop()

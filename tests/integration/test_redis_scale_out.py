@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.support.redis_server import RedisServer, redis_server
-from tests.support.stack import Proc, Stack, wait_for
+from tests.support.stack import Proc, Stack, free_port, wait_for
 
 __all__ = ["redis_server"]
 
@@ -68,13 +68,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
     (root / "first.yaml").write_text(policy_text())
     (root / "other").mkdir()
     stack, other = Stack(root), Stack(root / "other")
+    # One cluster, one CA: both replicas run on the same --state-dir (A makes the
+    # CA, B loads it), and the second gateway's stack reads the same CA and admin
+    # credential; it joins through replica A's join port.
+    (root / "other" / "control-plane").symlink_to(stack.control_plane_state)
     try:
+        join_a = free_port()
         replica_a, url_a = stack.start_control_plane_replica(
-            "control-plane-a", policy=root / "first.yaml", redis_url=redis_server.url)
+            "control-plane-a", policy=root / "first.yaml", redis_url=redis_server.url,
+            join_port=join_a)
         stack.start_control_plane(policy=root / "first.yaml", redis_url=redis_server.url)
         worker = stack.start_worker("sim-1", *SIM)
         stack.start_gateway("--gateway-id", "gw-b")
         other.control_plane_port = int(url_a.rsplit(":", 1)[1])
+        other.join_port = join_a
         other.start_gateway("--gateway-id", "gw-a")
         yield Cluster(stack, other, replica_a, url_a, worker, redis_server)
     finally:
@@ -89,24 +96,32 @@ def chat(stack: Stack, key: str | None = None) -> httpx.Response:
             "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
 
 
-def apply(url: str, text: str, source: str) -> int:
-    response = httpx.post(url + "/v1/policy", params={"source": source}, content=text)
+def admin_get(cluster: Cluster, url: str, path: str) -> httpx.Response:
+    """GET a replica's route as the operator (the cluster's admin credential)."""
+    with cluster.stack.admin(url) as admin:
+        return admin.get(path)
+
+
+def apply(cluster: Cluster, url: str, text: str, source: str) -> int:
+    with cluster.stack.admin(url) as admin:
+        response = admin.post("/v1/policy", params={"source": source}, content=text)
     assert response.status_code in (200, 201), response.text
     return int(response.json()["version"])
 
 
-def gateway_runs(url: str, gateway_id: str, version: int) -> bool:
-    status = httpx.get(url + "/v1/status").json()
+def gateway_runs(cluster: Cluster, url: str, gateway_id: str, version: int) -> bool:
+    status = admin_get(cluster, url, "/v1/status").json()
     return any(g["gateway_id"] == gateway_id and g["running_version"] == version
                for g in status["gateways"])
 
 
-def worker_ids(url: str) -> list[str]:
-    return [w["registration"]["worker_id"] for w in httpx.get(url + "/v1/workers").json()["workers"]]
+def worker_ids(cluster: Cluster, url: str) -> list[str]:
+    return [w["registration"]["worker_id"]
+            for w in admin_get(cluster, url, "/v1/workers").json()["workers"]]
 
 
 def test_both_replicas_see_the_worker_and_both_gateways_serve_it(cluster: Cluster) -> None:
-    assert worker_ids(cluster.url_a) == worker_ids(cluster.url_b) == ["sim-1"]
+    assert worker_ids(cluster, cluster.url_a) == worker_ids(cluster, cluster.url_b) == ["sim-1"]
     for stack in (cluster.stack, cluster.other):
         response = chat(stack)
         assert response.status_code == 200, response.text
@@ -115,11 +130,11 @@ def test_both_replicas_see_the_worker_and_both_gateways_serve_it(cluster: Cluste
 
 def test_an_edit_through_a_reaches_the_gateway_that_follows_b(cluster: Cluster) -> None:
     assert chat(cluster.stack, "sk-one").status_code == 401
-    version = apply(cluster.url_a, policy_text(key="sk-one"), "one.yaml")
-    assert httpx.get(cluster.url_b + "/v1/policy").json()["version"] == version
-    wait_for(lambda: gateway_runs(cluster.url_b, "gw-b", version), "gw-b to ACK", 10)
+    version = apply(cluster, cluster.url_a, policy_text(key="sk-one"), "one.yaml")
+    assert admin_get(cluster, cluster.url_b, "/v1/policy").json()["version"] == version
+    wait_for(lambda: gateway_runs(cluster, cluster.url_b, "gw-b", version), "gw-b to ACK", 10)
     assert chat(cluster.stack, "sk-one").status_code == 200
-    wait_for(lambda: gateway_runs(cluster.url_a, "gw-a", version), "gw-a to ACK", 10)
+    wait_for(lambda: gateway_runs(cluster, cluster.url_a, "gw-a", version), "gw-a to ACK", 10)
     assert chat(cluster.other, "sk-one").status_code == 200
 
 
@@ -127,27 +142,27 @@ def test_killing_replica_a_stops_neither_traffic_nor_edits(cluster: Cluster) -> 
     cluster.replica_a.stop(signal.SIGKILL)
     assert chat(cluster.stack).status_code == 200
     assert chat(cluster.other).status_code == 200  # its gateway serves what it last knew
-    version = apply(cluster.url_b, policy_text(key="sk-two"), "two.yaml")
-    wait_for(lambda: gateway_runs(cluster.url_b, "gw-b", version), "gw-b to ACK", 10)
+    version = apply(cluster, cluster.url_b, policy_text(key="sk-two"), "two.yaml")
+    wait_for(lambda: gateway_runs(cluster, cluster.url_b, "gw-b", version), "gw-b to ACK", 10)
     assert chat(cluster.stack, "sk-two").status_code == 200
-    history = httpx.get(cluster.url_b + "/v1/policy/history").json()
+    history = admin_get(cluster, cluster.url_b, "/v1/policy/history").json()
     assert [v["source"] for v in history["versions"]][-2:] == ["one.yaml", "two.yaml"]
 
 
 def test_a_redis_restart_loses_no_worker_and_no_policy(cluster: Cluster) -> None:
-    before = httpx.get(cluster.url_b + "/v1/policy").json()
+    before = admin_get(cluster, cluster.url_b, "/v1/policy").json()
     cluster.redis.restart()  # no persistence: every key is gone
     # The replicas re-seed the worker they last published: it never leaves the
     # list, and its next heartbeat renews the re-seeded lease.
     replica_b = next(p for p in cluster.stack.procs if p.name == "control-plane")
     wait_for(lambda: "re-seeded" in replica_b.log(), "replica B to re-seed the registry", 15)
-    assert worker_ids(cluster.url_b) == ["sim-1"]
+    assert worker_ids(cluster, cluster.url_b) == ["sim-1"]
     time.sleep(3)  # longer than the lease (2 s): only heartbeats can have kept it
-    assert worker_ids(cluster.url_b) == ["sim-1"]
-    after = httpx.get(cluster.url_b + "/v1/policy").json()
+    assert worker_ids(cluster, cluster.url_b) == ["sim-1"]
+    after = admin_get(cluster, cluster.url_b, "/v1/policy").json()
     assert (after["version"], after["checksum"]) == (before["version"], before["checksum"])
     assert chat(cluster.stack, "sk-two").status_code == 200
-    version = apply(cluster.url_b, policy_text(key="sk-three"), "three.yaml")
+    version = apply(cluster, cluster.url_b, policy_text(key="sk-three"), "three.yaml")
     assert version == before["version"] + 1
-    wait_for(lambda: gateway_runs(cluster.url_b, "gw-b", version), "gw-b to ACK", 10)
+    wait_for(lambda: gateway_runs(cluster, cluster.url_b, "gw-b", version), "gw-b to ACK", 10)
     assert chat(cluster.stack, "sk-three").status_code == 200

@@ -67,11 +67,10 @@ class TlsStack:
 
 def _start_control_plane(stack: Stack, *redis_args: str) -> Proc:
     stack.control_plane_port = free_port()
+    stack.join_port = free_port()
     proc = stack.spawn("control-plane", "control-plane", "--port", str(stack.control_plane_port),
-                       "--lease-s", "2", *redis_args)
-    wait_for(lambda: proc.popen.poll() is not None or httpx.get(
-        stack.control_plane_url + "/healthz").status_code == 200, "control plane")
-    assert proc.popen.poll() is None, proc.log()
+                       "--lease-s", "2", *redis_args, *stack.control_plane_args(stack.join_port))
+    stack.wait_control_plane(proc, stack.control_plane_url)
     return proc
 
 
@@ -167,6 +166,7 @@ def test_a_control_plane_that_does_not_trust_the_ca_stops_with_a_clear_error(
     trustme.CA().cert_pem.write_to_path(str(stranger))
     code, log = _refused_start(
         Stack(tmp_path), "control-plane", "control-plane", "--port", str(free_port()),
+        "--state-dir", str(tmp_path / "control-plane"), "--join-port", str(free_port()),
         "--redis", redis.url, "--redis-ca-file", str(stranger),
         "--redis-cert-file", str(redis.client_cert), "--redis-key-file", str(redis.client_key))
     assert code == 1, log
@@ -175,11 +175,14 @@ def test_a_control_plane_that_does_not_trust_the_ca_stops_with_a_clear_error(
 
 
 def test_a_gateway_with_a_wrong_password_stops_with_a_clear_error(
-        tmp_path: Path, mtls_redis_server: TlsRedisServer) -> None:
-    redis = mtls_redis_server
+        tmp_path: Path, tls_stack: TlsStack) -> None:
+    redis = tls_stack.redis
+    # It joins the cluster first, so what stops it is Redis alone.
     code, log = _refused_start(
         Stack(tmp_path), "gateway", "gateway", "--port", str(free_port()),
         "--state-dir", str(tmp_path / "state"),
+        "--control-plane", tls_stack.stack.control_plane_url,
+        *tls_stack.stack.join_args("gateway"),
         "--redis", redis.url_for(password="not-the-password-77"), *redis.tls_args())
     assert code == 1, log
     assert "authentication refused" in log and "hedgerow:***@" in log
