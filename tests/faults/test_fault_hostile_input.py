@@ -10,6 +10,7 @@ serves an ordinary request.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterator
 
 import httpx
@@ -126,24 +127,36 @@ def test_a_stream_field_that_is_not_a_boolean_is_refused_naming_it(stack: Stack)
                          json={**chat_body(4), "stream": False}).status_code == 200
 
 
+def _gateway_client(stack: Stack) -> tuple[str, httpx.Client]:
+    """The stack's gateway's own identity (name, client): a gateway may report
+    policy only as itself."""
+    (creds,) = (stack.root / "state").glob("identity-gateway-*")
+    context = ssl.create_default_context(cafile=stack.cluster_ca)
+    context.load_cert_chain(creds / "cert.pem", creds / "key.pem")
+    name = creds.name.removeprefix("identity-gateway-")
+    return name, httpx.Client(base_url=stack.control_plane_url, verify=context, timeout=5)
+
+
 def test_the_control_plane_refuses_odd_numbers_and_booleans(stack: Stack) -> None:
-    base = stack.control_plane_url
+    name, gateway = _gateway_client(stack)
     # A gateway's policy answer: bool("false") would be True, int("١") would be 1.
-    for answer in ({"version": "\u0661", "accepted": True}, {"version": "1", "accepted": True},
-                   {"version": True, "accepted": True}, {"version": 1, "accepted": "false"},
-                   {"version": -1, "accepted": True}, {"version": 1.0, "accepted": True}):
-        response = httpx.post(f"{base}/v1/gateways/odd/policy", json=answer)
-        _assert_client_error(response)
-    assert httpx.post(f"{base}/v1/gateways/odd/policy",
-                      json={"version": 1, "accepted": True}).status_code == 200
-    # A watcher's ?since= that is no version number is "none known", never a 500.
-    for since in ("%C2%B2", "9" * 5000, "-1", "+1"):
-        with httpx.stream("GET", f"{base}/v1/watch?since={since}", timeout=5) as watch:
-            assert watch.status_code == 200
-            assert next(watch.iter_lines()).startswith(("data:", "id:", "event:"))
-    # A policy version that is not plain digits is a 400, not a 500.
-    for version in ("%C2%B2", "9" * 5000, "+1"):
-        _assert_client_error(httpx.get(f"{base}/v1/policy/{version}"))
+    with gateway:
+        for answer in ({"version": "\u0661", "accepted": True}, {"version": "1", "accepted": True},
+                       {"version": True, "accepted": True}, {"version": 1, "accepted": "false"},
+                       {"version": -1, "accepted": True}, {"version": 1.0, "accepted": True}):
+            response = gateway.post(f"/v1/gateways/{name}/policy", json=answer)
+            _assert_client_error(response)
+        assert gateway.post(f"/v1/gateways/{name}/policy",
+                            json={"version": 1, "accepted": True}).status_code == 200
+    with stack.admin(timeout=5) as admin:
+        # A watcher's ?since= that is no version number is "none known", never a 500.
+        for since in ("%C2%B2", "9" * 5000, "-1", "+1"):
+            with admin.stream("GET", f"/v1/watch?since={since}") as watch:
+                assert watch.status_code == 200
+                assert next(watch.iter_lines()).startswith(("data:", "id:", "event:"))
+        # A policy version that is not plain digits is a 400, not a 500.
+        for version in ("%C2%B2", "9" * 5000, "+1"):
+            _assert_client_error(admin.get(f"/v1/policy/{version}"))
 
 
 def test_an_http2_upload_over_the_limit_does_not_cut_other_streams(stack: Stack) -> None:
