@@ -79,8 +79,14 @@ cache:
 @dataclass
 class Gateway:
     url: str
-    admin: str
+    admin: str  # its admin listener: mutual TLS, an admin's certificate
     proc: Proc
+    stack: Stack
+
+    def admin_get(self, path: str, **kwargs: Any) -> httpx.Response:
+        # The gateway's certificate names its identity, not a host: no hostname check.
+        return httpx.get(self.admin + path, verify=self.stack.admin_tls(check_hostname=False),
+                         **kwargs)
 
 
 @dataclass
@@ -116,7 +122,7 @@ def _start_gateway(stack: Stack, name: str, policy: Path, *extra: str) -> Gatewa
     admin_port = free_port()
     proc = stack.start_gateway("--policy", str(policy), "--gateway-id", f"gw-{name}",
                                "--admin-port", str(admin_port), *extra)
-    return Gateway(stack.gateway_url, f"http://127.0.0.1:{admin_port}", proc)
+    return Gateway(stack.gateway_url, f"https://127.0.0.1:{admin_port}", proc, stack)
 
 
 def _client(rig: Rig | Stack, url: str) -> httpx.Client:
@@ -160,7 +166,9 @@ def _generations(rig: Rig | Stack) -> int:
 def _metric(gateway: Gateway, name: str, **labels: str) -> float:
     """From the gateway's admin port, with the admin token (no metrics token is set)."""
     total = 0.0
-    for family in text_string_to_metric_families(scrape_metrics(gateway.admin, ADMIN_TOKEN)):
+    text = scrape_metrics(gateway.admin, ADMIN_TOKEN,
+                          verify=gateway.stack.admin_tls(check_hostname=False))
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += float(sample.value)
@@ -236,13 +244,15 @@ def test_purge_by_tenant_makes_the_next_request_a_miss_on_every_gateway(rig: Rig
         _ask(a, first)  # another tenant's answer to the same question...
         _until_hit(a, first)
 
-        refused = httpx.post(rig.a.admin + "/admin/cache/purge", json={"tenant": "purgee"})
+        # An admin's certificate without the admin token this gateway also asks for.
+        refused = httpx.post(rig.a.admin + "/admin/cache/purge", json={"tenant": "purgee"},
+                             verify=rig.stack.admin_tls(check_hostname=False))
         assert refused.status_code == 401
         assert refused.json()["error"]["code"] == "invalid_admin_token"
         purged = subprocess.run(
             [sys.executable, "-m", "hedgerow.cli", "cache", "purge", "--gateway-admin",
              rig.a.admin, "--admin-token-file", str(rig.token_file), "--tenant", "purgee"],
-            capture_output=True, text=True, timeout=30)
+            capture_output=True, text=True, timeout=30, env=rig.stack.admin_env())
         assert purged.returncode == 0, purged.stderr
         assert int(orjson.loads(purged.stdout.strip().splitlines()[-1])["purged"]) >= 2
 
@@ -307,7 +317,7 @@ def test_a_paraphrase_is_a_semantic_hit_with_the_real_embedding_model(rig: Rig) 
     policy = rig.stack.root / "semantic-policy.yaml"
     policy.write_text(_policy(semantic=True))
     gateway = _start_gateway(rig.stack, "semantic", policy)
-    wait_for(lambda: httpx.get(gateway.admin + "/admin/cache").json()["semantic_ready"],
+    wait_for(lambda: gateway.admin_get("/admin/cache").json()["semantic_ready"],
              "the embedding model to load", 120)
     with _client(rig, gateway.url) as http:
         text, result = _ask(http, "How far is 5 km in miles?")
@@ -316,7 +326,7 @@ def test_a_paraphrase_is_a_semantic_hit_with_the_real_embedding_model(rig: Rig) 
         stats: dict[str, Any] = {}
 
         def indexed() -> bool:
-            stats.update(httpx.get(gateway.admin + "/admin/cache").json())
+            stats.update(gateway.admin_get("/admin/cache").json())
             return int(stats["semantic_entries"]) >= 1
 
         wait_for(indexed, "the question to be indexed", 10)
