@@ -11,14 +11,12 @@ import time
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 
-import orjson
-from pydantic import BaseModel, ValidationError
-
 from control_plane.admin_auth import AdminGuard, CallerCheck, ControlPlaneRoutes
+from control_plane.bodies import parse_body
 from control_plane.metrics import ControlPlaneMetrics
 from control_plane.policy_api import PolicyApi
 from control_plane.registry_actor import Beat, Deregister, Register, Snapshot
@@ -44,14 +42,13 @@ from hedgerow.latest import LatestValue
 from hedgerow.metrics import CONTENT_TYPE
 from hedgerow.trust.identity import Identity
 from hedgerow.trust.peer import PEER, Peer
-from hedgerow.wire import AdminOnlyField, Heartbeat, RegisterReply, RegistrySnapshot, SelfRegistration
+from hedgerow.wire import Heartbeat, RegisterReply, RegistrySnapshot, SelfRegistration
 
 MAX_BODY = 64 * 1024
 ASK_TIMEOUT_S = 5.0
 WATCH_KEEPALIVE_S = 15.0
 REVOCATION_CHECK_S = 1.0
 
-M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass
@@ -149,7 +146,7 @@ class ControlPlaneApp:
             await self.registry.ask(Deregister(identity.name), timeout=ASK_TIMEOUT_S)
 
     async def register(self, request: Request) -> None:
-        registration = await _parse(request, SelfRegistration, "worker registration")
+        registration = await parse_body(request, SelfRegistration, "worker registration")
         self._own_worker(registration.worker_id)
         if self.trust is not None and not registration.url.startswith("https://"):
             raise InvalidRequest("a worker's url must be https:// (gateways call workers "
@@ -163,7 +160,7 @@ class ControlPlaneApp:
         await send_json(request.send, 201, reply.model_dump(mode="json"))
 
     async def heartbeat(self, request: Request) -> None:
-        beat = await _parse(request, Heartbeat, "heartbeat")
+        beat = await parse_body(request, Heartbeat, "heartbeat")
         worker_id = request.path_params["worker_id"]
         self._own_worker(worker_id)
         await self.registry.ask(Beat(worker_id, beat.load), timeout=ASK_TIMEOUT_S)
@@ -207,26 +204,3 @@ class ControlPlaneApp:
             if idle >= WATCH_KEEPALIVE_S:
                 idle = 0.0
                 yield b": keep-alive\n\n"
-
-
-async def _parse(request: Request, model: type[M], what: str) -> M:
-    body = await request.body(MAX_BODY)
-    try:
-        return model.model_validate(orjson.loads(body))
-    except orjson.JSONDecodeError as error:
-        raise InvalidRequest(f"body is not valid JSON: {error}") from None
-    except ValidationError as error:
-        raise _invalid(what, error) from None
-
-
-def _invalid(what: str, error: ValidationError) -> InvalidRequest:
-    """A 400 that names the first offending field and says what is wrong with it."""
-    first = error.errors(include_url=False)[0]
-    cause = first.get("ctx", {}).get("error")
-    if isinstance(cause, AdminOnlyField):
-        return InvalidRequest(f"invalid {what}: {cause}", param=cause.field,
-                              code="field_not_allowed")
-    field = ".".join(str(part) for part in first["loc"])
-    message = str(first["msg"]).removeprefix("Value error, ")
-    return InvalidRequest(f"invalid {what}: {field + ': ' if field else ''}{message}",
-                          param=field or None)

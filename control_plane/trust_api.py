@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from control_plane.bodies import parse_body
 from control_plane.trust_service import ANY_ROLE, TrustService
 from hedgerow.asgi import Request, Router, Scope, Receive, Send, send_bytes, send_json
 from hedgerow.errors import Conflict, InvalidRequest, PermissionDenied, AuthenticationFailed, \
@@ -92,7 +92,7 @@ class TrustApi:
                          content_type=b"application/x-pem-file")
 
     async def join(self, request: Request) -> None:
-        body = await _parse(request, JoinBody)
+        body = await parse_body(request, JoinBody, "join request", limit=MAX_BODY)
         await self.trust.refresh()  # a token may have been made through another replica
         with _refusals():
             issued = self.trust.join(body.token, body.name, body.csr.encode())
@@ -100,7 +100,7 @@ class TrustApi:
         await send_json(request.send, 201, issued.json())
 
     async def renew(self, request: Request) -> None:
-        body = await _parse(request, RenewBody)
+        body = await parse_body(request, RenewBody, "renewal", limit=MAX_BODY)
         peer = PEER.get()
         assert peer is not None  # the route's role check passed
         with _refusals():
@@ -109,7 +109,7 @@ class TrustApi:
         await send_json(request.send, 201, issued.json())
 
     async def create_token(self, request: Request) -> None:
-        body = await _parse(request, TokenBody)
+        body = await parse_body(request, TokenBody, "token request", limit=MAX_BODY)
         try:
             text, record = self.trust.create_token(
                 body.role, ttl_s=body.ttl_s, name=body.name,
@@ -139,7 +139,7 @@ class TrustApi:
                                             "identities": [str(i) for i in identities]})
 
     async def revoke_identity(self, request: Request) -> None:
-        body = await _parse(request, RevokeBody)
+        body = await parse_body(request, RevokeBody, "revocation", limit=MAX_BODY)
         try:
             identity = Identity.parse(body.identity)
         except IdentityError as error:
@@ -167,18 +167,6 @@ class _refusals:
             raise InvalidRequest(str(error), code="invalid_join") from None
         if isinstance(error, CaError):
             raise InvalidRequest(str(error), code="invalid_csr") from None
-
-
-async def _parse(request: Request, model: type[Any]) -> Any:
-    raw = await request.body(MAX_BODY)
-    try:
-        return model.model_validate(orjson.loads(raw))
-    except orjson.JSONDecodeError as error:
-        raise InvalidRequest(f"body is not valid JSON: {error}") from None
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"invalid {model.__name__}: {where}: {first['msg']}") from None
 
 
 __all__ = ["ANY_ROLE", "TrustApi"]
