@@ -1,19 +1,23 @@
 """The OpenAI-compatible request and response shapes Hedgerow speaks.
 
-Parsing is strict where a mistake would change the answer (types, ranges,
-required fields) and lenient about fields Hedgerow does not use, because the
-official SDKs send more than we need. Every parse error is an
-``InvalidRequest`` naming the offending parameter.
+Every field a client sends is honoured or refused, never dropped:
+``hedgerow.api_params`` says, field by field, whether Hedgerow implements
+it, carries it to the worker, accepts it as harmless, or refuses it with a
+400 ``unsupported_parameter`` (fields OpenAI does not define:
+``unknown_parameter``). The models here then check types and ranges, strict
+where OpenAI's are. Every parse error is an ``InvalidRequest`` naming the
+offending parameter.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hedgerow.api_params import check_request
 from hedgerow.errors import InvalidRequest
 
 MAX_MESSAGES = 512
@@ -21,23 +25,56 @@ MAX_STOP = 4
 # Objects and arrays nested deeper than this are refused (400). Real requests
 # nest a few levels (tool schemas a dozen or so); orjson's own bound is 1024.
 MAX_JSON_DEPTH = 64
+MAX_LOGIT_BIAS = 300  # token entries; Hedgerow's bound
+MAX_METADATA = 16  # OpenAI's bounds: 16 pairs, keys of 64 characters, values of 512
+# Any other field may be null, which means the same as leaving it out
+# (OpenAI's fields are nullable). Not these: without them a request means
+# nothing, and "stream": null is refused as no boolean, never a silent false.
+NOT_NULLABLE = ("model", "messages", "prompt", "stream")
+
+# Strict (no coercion from other JSON types), for use inside unions.
+StrictText = Annotated[str, Field(strict=True)]
+ShortText = Annotated[str, Field(strict=True, max_length=256)]
+LongText = Annotated[str, Field(strict=True, max_length=1024)]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str = Field(strict=True)
 
 
 class ChatMessage(BaseModel):
+    # Fields other than these are refused by ``api_params`` before validation.
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]] | None = None
+    content: StrictText | list[TextPart] | None = None
+    name: ShortText | None = None
+    # Kept (and in the cache key) so a tool conversation is never mistaken for
+    # another; today ``api_params`` refuses non-empty ones (no tool use yet).
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: ShortText | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+        # Text parts are one message, a line each (as vLLM joins them).
+        return "\n".join(part.text for part in self.content)
+
+    def for_model(self) -> dict[str, str]:
+        """What a chat template gets: role, text, and the participant's name if given."""
+        shaped = {"role": self.role, "content": self.text()}
+        if self.name:
+            shaped["name"] = self.name
+        return shaped
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore")  # see api_params.STREAM_OPTIONS
     include_usage: bool = Field(False, strict=True)
+    include_obfuscation: bool = Field(False, strict=True)
 
 
 class _Sampling(BaseModel):
@@ -54,10 +91,35 @@ class _Sampling(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0, strict=True)
     top_p: float = Field(1.0, gt=0.0, le=1.0, strict=True)
     seed: int | None = Field(None, strict=True)
-    stop: str | list[str] | None = None
+    stop: StrictText | list[StrictText] | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, strict=True)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, strict=True)
+    # Token id (a decimal string, as OpenAI's) -> bias in [-100, 100]; the
+    # worker checks the ids against its model's vocabulary.
+    logit_bias: dict[str, Annotated[int, Field(strict=True)]] | None = None
+    # Only 1 gets here (api_params refuses more); 0 is an invalid value.
     n: int = Field(1, ge=1, le=1, strict=True)
-    # OpenAI's stored completions: a side effect, so such a request is never hedged.
+    # OpenAI's stored completions: only false gets here (Hedgerow stores
+    # nothing). Were true let through, such a request must never be hedged.
     store: bool = Field(False, strict=True)
+    user: LongText | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_biases(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens")
+        for token, bias in value.items():
+            if not (token.isascii() and token.isdigit() and len(token) <= 9):
+                raise ValueError(f"keys are token ids (decimal integers), not {token[:32]!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError("biases are integers from -100 to 100")
+        return value
+
+    def token_biases(self) -> tuple[tuple[int, int], ...]:
+        return tuple((int(token), bias) for token, bias in (self.logit_bias or {}).items())
 
     @field_validator("stop")
     @classmethod
@@ -80,6 +142,20 @@ class _Sampling(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    # Accepted, not used: they cannot change an answer (api_params).
+    metadata: dict[str, StrictText] | None = None
+    safety_identifier: Annotated[str, Field(strict=True, max_length=128)] | None = None
+    prompt_cache_key: LongText | None = None
+    parallel_tool_calls: Annotated[bool, Field(strict=True)] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded_metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and (len(value) > MAX_METADATA or any(
+                len(k) > 64 or len(v) > 512 for k, v in value.items())):
+            raise ValueError(f"at most {MAX_METADATA} pairs, keys of at most 64 characters "
+                             "and values of at most 512")
+        return value
 
     def message_chars(self) -> tuple[int, ...]:
         """Text characters in each message (what the policy's limits bound)."""
@@ -87,7 +163,7 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str = Field(max_length=1_000_000)
+    prompt: str = Field(max_length=1_000_000, strict=True)
 
     def message_chars(self) -> tuple[int, ...]:
         return (len(self.prompt),)
@@ -120,9 +196,13 @@ def decode_request(body: bytes) -> dict[str, Any]:
 
 
 def validate_request(data: dict[str, Any], model: type[R]) -> R:
-    """Validate a decoded body (``decode_request``), or raise ``InvalidRequest``."""
+    """Validate a decoded body (``decode_request``), or raise ``InvalidRequest``.
+
+    ``data`` itself is left as it is: the gateway forwards it to the worker."""
+    check_request(data, chat=issubclass(model, ChatCompletionRequest))
+    given = {k: v for k, v in data.items() if v is not None or k in NOT_NULLABLE}
     try:
-        return model.model_validate(data)
+        return model.model_validate(given)
     except ValidationError as error:
         first = error.errors()[0]
         param = ".".join(str(part) for part in first["loc"]) or None

@@ -128,7 +128,7 @@ class WorkerApp:
 
     async def chat(self, request: Request) -> None:
         parsed = oa.parse_request(await request.body(MAX_BODY), oa.ChatCompletionRequest)
-        messages = tuple({"role": m.role, "content": m.text()} for m in parsed.messages)
+        messages = tuple(m.for_model() for m in parsed.messages)
         await self._generate(request, parsed, GenerationRequest(
             messages=messages, prompt=None, **_sampling(parsed)), chat=True)
 
@@ -221,6 +221,9 @@ def _sampling(parsed: oa._Sampling) -> dict[str, Any]:
         "top_p": parsed.top_p,
         "seed": parsed.seed,
         "stop": parsed.stop_sequences(),
+        "presence_penalty": parsed.presence_penalty,
+        "frequency_penalty": parsed.frequency_penalty,
+        "logit_bias": parsed.token_biases(),
     }
 
 

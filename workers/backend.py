@@ -60,6 +60,9 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, int], ...] = ()  # (token id, bias)
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):

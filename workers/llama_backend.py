@@ -206,6 +206,14 @@ class LlamaBackend:
         self._counters = GenerationCounters(clock)
 
     def generate(self, request: GenerationRequest) -> LlamaGeneration:
+        vocabulary = self._llamas[0].n_vocab()
+        for token, _ in request.logit_bias:
+            # llama-cpp-python would index its logits with it: out of range is
+            # an IndexError mid-generation, or a wrong token if negative.
+            if not 0 <= token < vocabulary:
+                raise InvalidRequest(f"logit_bias names token {token}; this model's token ids "
+                                     f"run from 0 to {vocabulary - 1}", param="logit_bias",
+                                     code="invalid_value")
         return LlamaGeneration(request, self._pool, self.n_ctx, self._counters, self.prompt_reuse)
 
     def load(self) -> BackendLoad:
@@ -400,6 +408,9 @@ def _sampling_arguments(request: GenerationRequest) -> dict[str, Any]:
         "top_p": request.top_p,
         "seed": seed,
         "stop": list(request.stop),
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "logit_bias": dict(request.logit_bias) or None,
     }
 
 

@@ -102,7 +102,8 @@ def output_params(request: Mapping[str, Any]) -> dict[str, Any]:
         value = request.get(name)
         if name == "stop" and isinstance(value, str):
             value = [value]
-        if value is None or value == PARAM_DEFAULTS.get(name, object()) or value == []:
+        # An empty stop list or logit_bias map asks for nothing, like leaving it out.
+        if value is None or value == PARAM_DEFAULTS.get(name, object()) or value in ([], {}):
             continue
         numeric = name in ("temperature", "top_p") and isinstance(value, (int, float))
         params[name] = float(value) if numeric else value

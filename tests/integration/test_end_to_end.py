@@ -145,6 +145,41 @@ async def test_openai_sdk_streams_a_completion(stack: Stack) -> None:
         assert MODEL in [m.id for m in listed.data]
 
 
+@pytest.mark.anyio
+async def test_openai_sdk_logit_bias_and_penalties_reach_the_model(stack: Stack) -> None:
+    """Carried, not dropped: a +100 bias makes the real model say one token only."""
+    import llama_cpp
+    import openai
+
+    from workers.models import bundled_model_path
+
+    vocab = llama_cpp.Llama(model_path=str(bundled_model_path()), vocab_only=True, verbose=False)
+    (banana,) = vocab.tokenize(b" banana", add_bos=False, special=False)
+    count = [{"role": "user", "content": "Count from 1 to 100, separated by commas."}]
+    sdk = openai.AsyncOpenAI(
+        base_url=stack.gateway_url + "/v1", api_key="sk-demo", max_retries=0,
+        http_client=openai.DefaultAsyncHttpxClient(verify=tls(stack),
+                                                   headers={"cache-control": "no-cache"}),
+    )
+    async with sdk:
+        async def answer(max_tokens: int = 10, **fields: Any) -> str:
+            done = await sdk.chat.completions.create(model=MODEL, messages=count, temperature=0,
+                                                     max_tokens=max_tokens, **fields)
+            return done.choices[0].message.content or ""
+
+        assert await answer(logit_bias={str(banana): 100}) == " banana" * 10
+        plain = await answer(24)
+        assert plain.startswith("1, 2, 3, 4, 5, 6, 7, 8")
+        assert await answer(24, frequency_penalty=2.0) != plain  # repeated ", " penalised
+        text = await sdk.completions.create(model=MODEL, prompt="My favourite fruit is",
+                                            max_tokens=5, temperature=0,
+                                            logit_bias={str(banana): 100})
+        assert text.choices[0].text == " banana" * 5
+        with pytest.raises(openai.BadRequestError) as outside:
+            await answer(logit_bias={str(vocab.n_vocab()): 5})  # the worker knows the vocabulary
+        assert outside.value.status_code == 400
+
+
 def test_non_streaming_chat_returns_one_completion(stack: Stack) -> None:
     with client(stack) as http:
         response = http.post("/v1/chat/completions", json=chat_body(max_tokens=8))

@@ -236,3 +236,38 @@ def _answer_without_streaming(llama: llama_cpp.Llama, request: GenerationRequest
 def _reference_text(answer: dict[str, Any]) -> str:
     choice = answer["choices"][0]
     return str(choice["message"]["content"] if "message" in choice else choice["text"])
+
+
+def _token(backend: LlamaBackend, text: str) -> int:
+    (token,) = backend._llamas[0].tokenize(text.encode(), add_bos=False, special=False)
+    return token
+
+
+@pytest.mark.anyio
+async def test_logit_bias_reaches_llama_cpp(backend: LlamaBackend) -> None:
+    banana = _token(backend, " banana")
+    forced = GenerationRequest(messages=COUNTING, prompt=None, max_tokens=12, temperature=0.0,
+                               logit_bias=((banana, 100),))
+    assert text_of(await collect(backend, forced)) == " banana" * 12
+    banned = GenerationRequest(messages=COUNTING, prompt=None, max_tokens=12, temperature=0.0,
+                               logit_bias=((_token(backend, "1"), -100),))
+    assert not text_of(await collect(backend, banned)).startswith("1")
+
+
+@pytest.mark.anyio
+async def test_frequency_penalty_reaches_llama_cpp(backend: LlamaBackend) -> None:
+    plain = text_of(await collect(backend, chat(24)))
+    penalised = GenerationRequest(messages=COUNTING, prompt=None, max_tokens=24, temperature=0.0,
+                                  frequency_penalty=2.0)
+    assert plain.startswith("1, 2, 3, 4, 5, 6, 7, 8")
+    assert text_of(await collect(backend, penalised)) != plain  # repeated ", " is penalised
+
+
+def test_a_logit_bias_token_outside_the_vocabulary_is_an_invalid_request(backend: LlamaBackend) -> None:
+    vocabulary = backend._llamas[0].n_vocab()
+    for token in (vocabulary, 10**8):
+        with pytest.raises(InvalidRequest) as caught:
+            backend.generate(GenerationRequest(messages=GREETING, prompt=None, max_tokens=4,
+                                               logit_bias=((token, 1),)))
+        assert (caught.value.status, caught.value.param) == (400, "logit_bias")
+    assert backend.load().active == 0

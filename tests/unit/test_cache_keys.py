@@ -49,6 +49,7 @@ BASE = key(request())
     request(user="someone-else", metadata={"trace": "x"}),
     request(model="s"),  # an alias of the same model
     request(temperature=0.0, top_p=1, n=1, presence_penalty=0, logprobs=False, stop=[]),
+    request(frequency_penalty=0.0, logit_bias={}),  # asks for nothing, like leaving it out
     request(messages=[{"role": "system", "content": "  Be   brief. "},
                       {"role": "user", "content": "How far is\n5 km in miles?\t"}]),
     request(messages=[{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},

@@ -61,8 +61,12 @@ def test_client_may_only_tighten_the_deadline() -> None:
         ticket(chat(HI), deadline_header="-5")
 
 
-def test_stored_completions_are_never_hedged() -> None:
-    assert not ticket(chat(HI, store=True)).hedgeable
+def test_stored_completions_are_refused_so_none_is_ever_hedged() -> None:
+    # Hedgerow stores nothing; a side effect run on two workers would run twice.
+    with pytest.raises(InvalidRequest) as refused:
+        chat(HI, store=True)
+    assert (refused.value.code, refused.value.param) == ("unsupported_parameter", "store")
+    assert ticket(chat(HI, store=False)).hedgeable
 
 
 def test_token_estimate_includes_max_tokens() -> None:

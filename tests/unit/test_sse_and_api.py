@@ -65,8 +65,8 @@ def test_bad_requests_name_the_parameter(body: bytes, param: str | None) -> None
     assert envelope["type"] == "invalid_request_error" and envelope["message"]
 
 
-def test_multimodal_text_parts_are_joined() -> None:
-    content = [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]
+def test_text_parts_are_joined_a_line_each() -> None:
+    content = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     parsed = oa.parse_request(chat(messages=[{"role": "user", "content": content}]),
                               oa.ChatCompletionRequest)
-    assert parsed.messages[0].text() == "ab"
+    assert parsed.messages[0].text() == "a\nb"

@@ -1,0 +1,204 @@
+"""What Hedgerow does with each field of an OpenAI request: nothing is dropped silently.
+
+Every field of OpenAI's chat-completions and (legacy) completions requests
+(the reference is the official SDK's ``completion_create_params``) is one of:
+
+- ``implemented``: Hedgerow acts on it itself (``model``, ``stream``, ...);
+- ``carried``: handed to the model worker, which honours it (sampling);
+- ``accepted``: it cannot change the answer (``user``, ``metadata``): checked
+  for its type, forwarded to external upstreams, otherwise unused;
+- ``refused``: a 400 ``unsupported_parameter`` naming it, unless the value
+  asks for nothing (``n: 1``, ``logprobs: false``, ``tool_choice: "none"``).
+
+``null`` is the same as leaving a field out (OpenAI's fields are nullable).
+A field OpenAI does not define is a 400 ``unknown_parameter``, as OpenAI
+answers "Unrecognized request argument". README's "Request parameters"
+table says the same for users; a unit test keeps both in step with the SDK.
+
+Checked before the pydantic models validate types, so a refusal always names
+the field; what the check lets through is typed and ranged by the models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hedgerow.errors import InvalidRequest
+
+Support = Literal["implemented", "carried", "accepted", "refused"]
+MAX_NAME_SHOWN = 64  # a field name echoed in an error is cut to this
+
+
+def _anything(value: Any) -> bool:
+    return True
+
+
+def _only(*values: Any) -> Callable[[Any], bool]:
+    """Accepts exactly these JSON values (``true`` is not ``1``)."""
+    def accepts(value: Any) -> bool:
+        return any(value == v and type(value) is type(v) for v in values)
+    return accepts
+
+
+def _at_most_one(value: Any) -> bool:
+    # n / best_of: only a count above 1 asks for what Hedgerow lacks; a value
+    # of the wrong type or range is the model's invalid_value 400.
+    return not (type(value) is int and value > 1)
+
+
+@dataclass(frozen=True)
+class Param:
+    support: Support
+    accepts: Callable[[Any], bool] = _anything  # for "refused": the no-op values
+    why: str = ""  # appended to a refusal's message
+
+
+def _refused(why: str, *noop: Any) -> Param:
+    return Param("refused", _only(*noop) if noop else (lambda value: False), why)
+
+
+_TOOLS = "tool use is not implemented yet"
+_NO_LOGPROBS = "log probabilities are not returned yet"
+
+_SHARED: dict[str, Param] = {
+    "model": Param("implemented"),
+    "stream": Param("implemented"),
+    "stream_options": Param("implemented"),
+    "max_tokens": Param("carried"),
+    "temperature": Param("carried"),
+    "top_p": Param("carried"),
+    "seed": Param("carried"),
+    "stop": Param("carried"),
+    "presence_penalty": Param("carried"),
+    "frequency_penalty": Param("carried"),
+    "logit_bias": Param("carried"),
+    "n": Param("refused", _at_most_one, "one choice per request (n: 1)"),
+    "user": Param("accepted"),
+}
+
+CHAT_PARAMS: dict[str, Param] = {
+    **_SHARED,
+    "messages": Param("implemented"),
+    "max_completion_tokens": Param("carried"),
+    "store": _refused("Hedgerow keeps no stored completions", False),
+    "metadata": Param("accepted"),
+    "safety_identifier": Param("accepted"),
+    "prompt_cache_key": Param("accepted"),
+    "parallel_tool_calls": Param("accepted"),  # says nothing without tools, which are refused
+    "logprobs": _refused(_NO_LOGPROBS, False),
+    "top_logprobs": _refused(_NO_LOGPROBS),
+    "tools": _refused(_TOOLS),
+    "tool_choice": _refused(_TOOLS, "none"),
+    "functions": _refused(_TOOLS),
+    "function_call": _refused(_TOOLS, "none"),
+    "response_format": _refused("only plain text output", {"type": "text"}),
+    "audio": _refused("text output only"),
+    "modalities": _refused("text output only", ["text"]),
+    "prediction": _refused("predicted outputs are not implemented"),
+    "reasoning_effort": _refused("no reasoning models are served"),
+    "verbosity": _refused("no model here takes a verbosity setting"),
+    "web_search_options": _refused("web search is not implemented"),
+    "moderation": _refused("moderation is not implemented"),
+    "service_tier": _refused("there is one service tier", "auto", "default"),
+    "prompt_cache_retention": _refused("prompt-cache retention cannot be chosen"),
+    "prompt_cache_options": _refused("prompt-cache retention cannot be chosen"),
+}
+
+COMPLETION_PARAMS: dict[str, Param] = {
+    **_SHARED,
+    "prompt": Param("implemented"),
+    "best_of": Param("refused", _at_most_one, "one candidate per request (best_of: 1)"),
+    "echo": _refused("the prompt is not echoed", False),
+    "suffix": _refused("insertion (suffix) is not implemented", ""),
+    "logprobs": _refused(_NO_LOGPROBS),  # 0 still asks for the sampled tokens' logprobs
+}
+
+STREAM_OPTIONS: dict[str, Param] = {
+    "include_usage": Param("implemented"),
+    "include_obfuscation": _refused("streams are not padded", False),
+}
+
+# Message fields by role. Tool results, assistant tool calls and function
+# messages are refused rather than dropped: answering a tool conversation
+# without its tool turns would be a wrong answer with a 200.
+_MESSAGE_COMMON = {"role", "content", "name"}
+_ASSISTANT_ONLY: dict[str, Param] = {
+    "tool_calls": _refused(_TOOLS, []),
+    "function_call": _refused(_TOOLS),
+    "refusal": _refused("an assistant turn's refusal is not carried"),
+    "audio": _refused("text only"),
+}
+_REFUSED_ROLES = {"tool": _TOOLS, "function": _TOOLS}
+_TEXT_PART_FIELDS = {"type", "text"}
+
+
+def check_request(data: Mapping[str, Any], chat: bool) -> None:
+    """Raise ``InvalidRequest`` naming the first field Hedgerow would not honour."""
+    check_fields(data, CHAT_PARAMS if chat else COMPLETION_PARAMS, "")
+    options = data.get("stream_options")
+    if isinstance(options, Mapping):
+        check_fields(options, STREAM_OPTIONS, "stream_options.")
+    if not chat and isinstance(data.get("prompt"), list):
+        raise _unsupported("prompt", "one string prompt per request, not a batch or token ids")
+    messages = data.get("messages")
+    if chat and isinstance(messages, list):
+        for index, message in enumerate(messages):
+            if isinstance(message, Mapping):
+                check_message(message, f"messages.{index}")
+
+
+def check_fields(data: Mapping[str, Any], params: Mapping[str, Param], prefix: str) -> None:
+    for name in data:
+        if name not in params:
+            raise _unknown(prefix + name)
+    # In the table's order, so the error names the same field whatever order
+    # a client serialised them in (tools before tool_choice).
+    for name, param in params.items():
+        value = data.get(name)
+        if param.support == "refused" and value is not None and not param.accepts(value):
+            raise _unsupported(prefix + name, param.why)
+
+
+def check_message(message: Mapping[str, Any], where: str) -> None:
+    role = message.get("role")
+    if isinstance(role, str) and role in _REFUSED_ROLES:
+        raise _unsupported(f"{where}.role", f"{role!r} messages: {_REFUSED_ROLES[role]}")
+    for name, value in message.items():
+        # A null field says nothing (SDKs echo a response's message with nulls).
+        if name in _MESSAGE_COMMON or value is None:
+            continue
+        param = _ASSISTANT_ONLY.get(name) if role == "assistant" else None
+        if param is None:
+            raise _unknown(f"{where}.{name}")
+        if not param.accepts(value):
+            raise _unsupported(f"{where}.{name}", param.why)
+    content = message.get("content")
+    if isinstance(content, list):
+        for index, part in enumerate(content):
+            if isinstance(part, Mapping):
+                _check_part(part, f"{where}.content.{index}")
+
+
+def _check_part(part: Mapping[str, Any], where: str) -> None:
+    kind = part.get("type")
+    if kind != "text":
+        shown = str(kind)[:MAX_NAME_SHOWN]
+        raise _unsupported(where, f"content parts of type {shown!r}: text parts only")
+    for name in part:
+        if name not in _TEXT_PART_FIELDS:
+            raise _unsupported(f"{where}.{name}", "text parts carry only type and text")
+
+
+def _unknown(param: str) -> InvalidRequest:
+    shown = param[:MAX_NAME_SHOWN]
+    return InvalidRequest(f"Unrecognized request argument supplied: {shown}",
+                          param=shown, code="unknown_parameter")
+
+
+def _unsupported(param: str, why: str) -> InvalidRequest:
+    shown = param[:MAX_NAME_SHOWN]
+    reason = f" ({why})" if why else ""
+    return InvalidRequest(f"Hedgerow does not support {shown!r} with this value{reason}",
+                          param=shown, code="unsupported_parameter")
