@@ -60,6 +60,9 @@ class InternalTls:
 
 def add_trust_arguments(parser: argparse.ArgumentParser) -> None:
     trust = parser.add_argument_group("internal trust (mutual TLS with the control plane)")
+    trust.add_argument("--join-token", metavar="TOKEN",
+                       help="join token given inline (any local user can read it in `ps`: "
+                            "prefer --join-token-file or $HEDGEROW_JOIN_TOKEN)")
     trust.add_argument("--join-token-file", type=Path,
                        help=f"join token (default ${TOKEN_ENV}); used once, when "
                             "--identity-dir holds no current certificate")
@@ -99,6 +102,8 @@ def internal_tls(args: argparse.Namespace, role: Role, name: str, control_plane:
 
 
 def _token(args: argparse.Namespace) -> str | None:
+    if args.join_token:
+        return str(args.join_token).strip()
     if args.join_token_file is not None:
         return str(args.join_token_file.read_text()).strip()
     return os.environ.get(TOKEN_ENV) or None

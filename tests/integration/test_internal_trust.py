@@ -169,11 +169,9 @@ def test_a_worker_joins_with_the_ca_pin_that_token_create_prints(
     token = done.stdout.strip()
     assert token.startswith("hjt.") and token.count(".") == 2
     pin = done.stderr.split("--ca-pin ")[1].split()[0]
-    (tmp_path / "t").write_text(token)
     proc = stack.spawn("sim-pinned", "worker", "--control-plane", stack.control_plane_url,
                        "--worker-id", "sim-pinned", "--state-dir", str(tmp_path), *SIM,
-                       "--join-url", stack.join_url, "--join-token-file", str(tmp_path / "t"),
-                       "--ca-pin", pin)
+                       "--join-url", stack.join_url, "--join-token", token, "--ca-pin", pin)
     try:
         wait_for(lambda: stack.worker("sim-pinned") is not None, "the pinned worker")
     finally:
