@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from control_plane.app import _invalid
+from control_plane.bodies import _invalid
 from gateway.attempt import request_url
 from gateway.http1 import ConnectFailed
 from gateway.worker_http import HttpPool
