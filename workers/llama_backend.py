@@ -89,6 +89,10 @@ class _TokenTally:
         self.sampled_tokens = 0  # completion tokens plus the end-of-generation token
         self.forward_passes = 0  # llama eval calls: the prompt's, then one per decode step
         self.drafted_tokens = 0
+        # max_tokens, enforced here: llama-cpp-python checks it only after a token
+        # that completes a character, so a multi-byte character split across the
+        # last tokens made it sample one more (41 tokens for max_tokens 40).
+        self.limit: int | None = None
 
     @property
     def accepted_drafts(self) -> int:
@@ -127,6 +131,8 @@ class _MeteredLlama(llama_cpp.Llama):
                 if not llama_cpp.llama_vocab_is_eog(self._vocab, token):
                     tally.completion_tokens += 1
                 yield token
+                if tally.limit is not None and tally.completion_tokens >= tally.limit:
+                    return  # llama-cpp-python then ends with finish_reason "length"
 
     def eval(self, tokens: Sequence[int]) -> None:
         self.tally.forward_passes += 1
@@ -258,6 +264,7 @@ class LlamaGeneration(GenerationStreamBase):
         self._answer: list[str] = []
         self._llama: _MeteredLlama | None = None
         self._tally = _TokenTally()
+        self._tally.limit = request.max_tokens
         self._chunks: Generator[_Chunk, None, None] | None = None
         self._limiter = anyio.CapacityLimiter(1)  # own limiter: never queue behind other to_thread users
         self._slot_wait = anyio.CancelScope()
