@@ -41,6 +41,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     AuthenticationError,
     BusyLoadingError,
@@ -250,7 +251,7 @@ async def check_redis(redis: Redis, url: str, tls: RedisTls = RedisTls(), *,
     warn_if_plaintext(url, what)
     try:
         with anyio.fail_after(timeout_s):
-            await _ping_once(redis)
+            await _ping_with_alert_retries(redis, url, tls)
     except (RedisError, OSError, TimeoutError) as error:
         problem = setup_problem(error, url, tls)
         if problem is not None:
@@ -272,6 +273,38 @@ async def warm_up(redis: Redis, timeout_s: float = CHECK_TIMEOUT_S) -> None:
             await redis.ping()  # type: ignore[misc]
         except (RedisError, OSError):
             pass  # the request path counts and logs Redis faults itself
+
+
+CLOSED_AFTER_HANDSHAKE_TRIES = 3
+
+
+async def _ping_with_alert_retries(redis: Redis, url: str, tls: RedisTls) -> None:
+    """``_ping_once``; but a TLS 1.3 server that wants a client certificate says so
+    in an alert after the handshake, and closes: the alert can be lost to the reset
+    of our first command, which then reads as a plain "connection closed". Closed
+    that way ``CLOSED_AFTER_HANDSHAKE_TRIES`` times in a row, on a rediss:// URL with
+    no client certificate given, is that refusal, not an outage."""
+    for attempt in range(CLOSED_AFTER_HANDSHAKE_TRIES):
+        try:
+            await _ping_once(redis)
+            return
+        except RedisConnectionError as error:
+            if not _closed_after_handshake(error, url, tls):
+                raise
+            if attempt == CLOSED_AFTER_HANDSHAKE_TRIES - 1:
+                raise ssl.SSLError("the server closed every connection right after the TLS "
+                                   "handshake (a client certificate is probably required)"
+                                   ) from error
+            await anyio.sleep(0.05)
+
+
+def _closed_after_handshake(error: BaseException, url: str, tls: RedisTls) -> bool:
+    if urlsplit(url).scheme != "rediss" or tls.cert_file is not None:
+        return False
+    if _ssl_cause(error) is not None:
+        return False  # the alert itself arrived: setup_problem names it
+    text = str(error).lower()
+    return "closed by server" in text or "reset by peer" in text
 
 
 async def _ping_once(redis: Redis) -> None:
