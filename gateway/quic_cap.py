@@ -25,7 +25,9 @@ declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
    larger HEADERS frame refused as soon as its header is parsed, before its
    payload is buffered), QPACK table and blocked-streams limits.
 
-``install_quic_cap`` checks the versions it was written against.
+``install_quic_cap`` warns on versions other than those it was written
+against (``ASSUMED_VERSIONS``) and refuses to start when what it reaches
+into is missing; ``tests/unit/test_quic_cap_patches.py`` pins the versions.
 """
 
 from __future__ import annotations
@@ -117,12 +119,22 @@ class BoundedH3Connection(H3Connection):
 
 def install_quic_cap() -> None:
     """Patch hypercorn's ``QuicProtocol`` and its ``H3Connection`` in place; idempotent."""
-    for package, assumed in ASSUMED_VERSIONS.items():
-        if version(package) != assumed:
-            raise RuntimeError(f"gateway.quic_cap patches {package} {assumed}, "
-                               f"found {version(package)}: re-check it before use")
     if hasattr(QuicProtocol, _ORIGINAL):
         return
+    for package, assumed in ASSUMED_VERSIONS.items():
+        if version(package) != assumed:
+            log.warning("gateway.quic_cap was written against %s %s, found %s: the "
+                        "QUIC front door's patches may not fit it", package, assumed,
+                        version(package))
+    # What the patches reach into: fail at start, not on the first packet.
+    missing = [name for owner, name in (
+        (QuicProtocol, "_handle_events"), (QuicProtocol, "send_all"),
+        (H3Connection, "_init_connection"), (H3Connection, "_get_local_settings"),
+        (H3Connection, "_check_request_or_push_frame_type"), (H3Connection, "_decode_headers"),
+        (hypercorn.protocol.h3, "H3Connection"), (hypercorn.protocol.quic, "QuicConnection"),
+    ) if not hasattr(owner, name)]
+    if missing:
+        raise RuntimeError(f"gateway.quic_cap cannot patch this hypercorn/aioquic: no {missing}")
     handle, handle_events = QuicProtocol.handle, QuicProtocol._handle_events
     setattr(QuicProtocol, _ORIGINAL, (handle, handle_events))
 
