@@ -20,6 +20,8 @@ declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
 3. ``QuicProtocol._handle_events`` reports each connection's handshake done
    (aioquic's ``_handshake_complete``) and its end (hypercorn forgets its ids)
    to the door, which frees the slots.
+   Version Negotiation packets are dropped there too (hypercorn answered
+   them with its own: a reflection loop between two servers).
 4. ``hypercorn.protocol.h3.H3Connection`` becomes ``BoundedH3Connection``:
    field-section limit (advertised as SETTINGS_MAX_FIELD_SECTION_SIZE, a
    larger HEADERS frame refused as soon as its header is parsed, before its
@@ -177,6 +179,12 @@ def install_quic_cap() -> None:
 def screen_datagram(protocol: QuicProtocol | None, data: bytes, address: Address,
                     send: Callable[[bytes, Address], None], now: float) -> bool:
     """Whether to queue ``data`` for hypercorn; a Retry or close is sent here."""
+    if len(data) >= 5 and data[0] & _LONG_HEADER and data[1:5] == b"\0\0\0\0":
+        # A Version Negotiation packet: hypercorn would answer it with one of
+        # its own (version 0 is not one it speaks), so two servers -- or a
+        # spoofed source naming another one -- could bounce them forever.
+        # aioquic's own server drops them; a server never needs one.
+        return False
     if protocol is None:
         return True
     door = _door(protocol)

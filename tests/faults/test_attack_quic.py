@@ -18,6 +18,7 @@ succeed with bounded latency, measured while the attack runs.
 - Oversized HTTP/3 header blocks (a complete one, and one that only
   declares a huge size): the connection is closed with H3_EXCESSIVE_LOAD as
   soon as the frame header arrives.
+- A Version Negotiation packet is not answered (no reflection loop).
 """
 
 from __future__ import annotations
@@ -434,3 +435,26 @@ async def test_oversized_http3_header_blocks_close_their_connection(stack: Stack
         client.transmit()
         with anyio.fail_after(5):
             assert await client.status == 200
+
+
+def _answers_to(stack: Stack, datagram: bytes) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(0.5)
+        sock.sendto(datagram, ("127.0.0.1", _port(stack)))
+        answers = 0
+        try:
+            while True:
+                sock.recv(65536)
+                answers += 1
+        except TimeoutError:
+            return answers
+
+
+def test_version_negotiation_packets_are_not_answered(stack: Stack) -> None:
+    """A spoofed Version Negotiation packet naming another QUIC server would
+    otherwise start a loop of them between the two."""
+    cids = bytes([8]) + b"\x11" * 8 + bytes([8]) + b"\x22" * 8
+    unknown_version = bytes([0xC0]) + bytes.fromhex("1a2a3a4a") + cids + b"\0" * 1200
+    negotiation = bytes([0x80]) + b"\0\0\0\0" + cids + bytes.fromhex("00000001")
+    assert _answers_to(stack, unknown_version) == 1  # still told which versions we speak
+    assert _answers_to(stack, negotiation) == 0
