@@ -35,6 +35,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aioquic.quic.connection
 import anyio
@@ -74,6 +75,9 @@ LOCAL_HOSTS = ("127.0.0.1", "::1")
 PORT_PICK_ATTEMPTS = 32
 ALT_SVC_MAX_AGE_S = 3600
 SHUTDOWN_NUDGE_INTERVAL_S = 0.05
+# Datagrams waiting for the QUIC protocol (hypercorn: 10); at most about
+# 256 x 1.5 KB. Initials to Retry or drop never wait here (gateway.quic_cap).
+UDP_QUEUE_DATAGRAMS = 256
 
 # Bounds on what a slow or hostile client can hold (hypercorn 0.18 knobs):
 # - A TCP connection must finish its TLS handshake within this (default 60 s).
@@ -384,6 +388,12 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
 
 
 class _ClosingUDPServer(UDPServer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Hypercorn queues 10 datagrams and drops the rest: a burst of new
+        # clients (each Initial 1200+ bytes) lost most of its handshakes.
+        self.protocol_queue = asyncio.Queue(UDP_QUEUE_DATAGRAMS)
+
     def datagram_received(self, data: bytes, address: tuple[bytes, str]) -> None:  # type: ignore[override]
         # Initials to Retry or drop are dealt with before hypercorn's small
         # packet queue, so a flood of them leaves it to open connections.

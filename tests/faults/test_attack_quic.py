@@ -354,7 +354,7 @@ async def test_stalled_handshakes_are_capped_per_source_and_time_out(stack: Stac
     # reach it); the token-bearing Initials beyond it were dropped.
     assert all(got <= PER_SOURCE for got in answered), answered
     assert sum(answered) >= len(STALL_SOURCES) * PER_SOURCE / 2, answered
-    assert refused >= len(STALL_SOURCES), refused
+    assert refused >= len(STALL_SOURCES) * (STALL_PER_SOURCE - PER_SOURCE) // 2, refused
     assert seen_half_open[0] <= len(STALL_SOURCES) * PER_SOURCE + 2, seen_half_open
     timeouts = (after["hedgerow_quic_handshake_timeouts_total"]
                 - before["hedgerow_quic_handshake_timeouts_total"])
