@@ -25,6 +25,7 @@ from gateway.follower import RegistryFollower
 from gateway.policy_follower import PolicyFollower, RunningPolicy
 from gateway.scheduler import SchedulerActor
 from gateway.shared_limits import SharedLimitsScheduler, open_shared_limits
+from gateway.quic_admission import QuicFrontDoor, QuicLimits
 from gateway.transport import build_config, local_hosts, serve
 from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
@@ -78,6 +79,8 @@ class GatewayOptions:
     metrics_token: str | None = None
     # Open TCP connections; beyond it new ones are closed at accept, before TLS.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # QUIC handshakes (Retry, half-open caps, timeout) and HTTP/3 header bounds.
+    quic: QuicLimits = QuicLimits()
     # Mutual TLS to the control plane and workers, and on the admin listener;
     # None: plain HTTP (--insecure-internal, and tests of the gateway alone).
     internal_tls: InternalTls | None = None
@@ -132,6 +135,8 @@ async def run_gateway(
             app.metrics.watch_cache(cache.stats)
             connections = ConnectionCap(fit_file_limit(options.max_connections))
             app.metrics.watch_connections(connections.stats)
+            quic_door = QuicFrontDoor(options.quic, connections)
+            app.metrics.watch_quic(quic_door.stats)
             edge = CorsMiddleware(app, policy.cors, app.router.serves)
 
             async def apply_policy(new: Policy) -> None:
@@ -166,7 +171,8 @@ async def run_gateway(
                     await _serve_admin(tg, admin, options, shutdown, tls)
                 else:
                     log.info("no --admin-port: metrics and the cache admin API are not served")
-                port = await tg.start(functools.partial(serve, connection_cap=connections),
+                port = await tg.start(functools.partial(serve, connection_cap=connections,
+                                                        quic_door=quic_door),
                                       SecurityHeaders(edge), config, drain_on_shutdown)
                 hosts = [options.host] if isinstance(options.host, str) else options.host
                 log.info("gateway listening on %s (h1, h2, h3)", ", ".join(

@@ -111,6 +111,7 @@ class GatewayMetrics:
         self.scheduler = SchedulerCollector(r)
         self.cache_stats = StatsCollector(r, cache_families)
         self.connection_stats = StatsCollector(r, connection_families)
+        self.quic_stats = StatsCollector(r, quic_families)
         # Labelled children resolved once per label set, not per request
         # (``labels()`` builds a key, and prometheus_client's takes a lock, on
         # every call). At most RESOLVED_MAX label sets are remembered.
@@ -145,6 +146,10 @@ class GatewayMetrics:
     def watch_connections(self, stats: Callable[[], Mapping[str, Any]]) -> None:
         """Export the connection cap's counts (``ConnectionCap.stats``) on scrape."""
         self.connection_stats.stats = stats
+
+    def watch_quic(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the QUIC front door's counts (``QuicFrontDoor.stats``) on scrape."""
+        self.quic_stats.stats = stats
 
     def cache_lookup(self, result: str) -> None:
         counter = self._cache.get(result)
@@ -282,6 +287,32 @@ def connection_families(stats: Mapping[str, Any]) -> list[Metric]:
         _counter("hedgerow_connections_refused_total", "Connections refused before TLS "
                  "(TCP closed at accept, QUIC Initials dropped) at the connection limit.", None,
                  {"": stats["refused"]}),
+    ]
+
+
+def quic_families(stats: Mapping[str, Any]) -> list[Metric]:
+    """``QuicFrontDoor.stats()`` as metric families (sans-IO); none without a door."""
+    if not stats:
+        return []
+    reasons = {reason: stats["refused"].get(reason, 0) for reason in
+               ("half_open", "per_source", "connection_cap", "invalid_token")}
+    return [
+        _gauge("hedgerow_quic_half_open", "QUIC connections whose handshake is not done.",
+               None, {"": stats["half_open"]}),
+        _gauge("hedgerow_quic_half_open_limit", "Half-open QUIC connections allowed "
+               "(--quic-max-half-open).", None, {"": stats["max_half_open"]}),
+        _gauge("hedgerow_quic_established", "QUIC connections past their handshake.", None,
+               {"": stats["established"]}),
+        _counter("hedgerow_quic_refused_total", "QUIC Initials refused before any handshake "
+                 "work, by reason.", "reason", reasons),
+        _counter("hedgerow_quic_retries_total", "QUIC Retry packets sent (address "
+                 "validation).", None, {"": stats["retries_sent"]}),
+        _counter("hedgerow_quic_handshake_timeouts_total", "QUIC connections closed with "
+                 "their handshake not done in --quic-handshake-timeout-s.", None,
+                 {"": stats["handshake_timeouts"]}),
+        _counter("hedgerow_h3_headers_refused_total", "HTTP/3 connections closed for a "
+                 "header section over --h3-max-field-section-bytes.", None,
+                 {"": stats["h3_headers_refused"]}),
     ]
 
 

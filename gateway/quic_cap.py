@@ -1,89 +1,306 @@
-"""HTTP/3 (QUIC) connections count against the same cap as TCP ones.
+"""The QUIC front door: hypercorn 0.18.0 / aioquic 1.7.2 patched in one place.
 
-Hypercorn's ``QuicProtocol`` makes a connection (and starts its TLS handshake)
+Hypercorn's ``QuicProtocol`` makes a connection (and starts a TLS handshake)
 for every Initial packet with an unknown destination connection id, without
-limit. ``install_quic_cap`` puts the ``ConnectionCap`` in force
-(``ACTIVE_CAP``, set by ``gateway.transport.serve``) in front of that: an
-Initial that would open a connection beyond the cap is dropped before any
-QUIC or TLS work (the client's handshake times out, as for a lost packet) and
-counted as a refusal; the slot a QUIC connection holds is given back when it
-terminates (closed by either side or idle). Packets of connections already
-open are never looked at twice: only long-header packets are parsed here,
-and those only until the handshake is done.
+limit, never sends a Retry, and lets a half-open connection sit for aioquic's
+60 s idle timeout; aioquic's ``H3Connection`` buffers a HEADERS frame of any
+declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
+(decisions in ``gateway.quic_admission``, sans-IO):
+
+1. ``screen_datagram``, called from the UDP server's ``datagram_received``
+   before hypercorn's 10-slot packet queue: an Initial for an unknown
+   connection that is to be Retried, refused or dropped is answered (or not)
+   right there, so a flood of them never takes the queue slots that the
+   packets of open connections need.
+2. ``QuicProtocol.handle`` builds admitted connections itself (the lines of
+   hypercorn's own, plus aioquic's ``original_destination_connection_id`` /
+   ``retry_source_connection_id`` after a Retry), takes a slot of the shared
+   ``ConnectionCap`` and starts a handshake timer; everything else goes to
+   hypercorn's ``handle`` unchanged.
+3. ``QuicProtocol._handle_events`` reports each connection's handshake done
+   (aioquic's ``_handshake_complete``) and its end (hypercorn forgets its ids)
+   to the door, which frees the slots.
+   Version Negotiation packets are dropped there too (hypercorn answered
+   them with its own: a reflection loop between two servers).
+4. ``hypercorn.protocol.h3.H3Connection`` becomes ``BoundedH3Connection``:
+   field-section limit (advertised as SETTINGS_MAX_FIELD_SECTION_SIZE, a
+   larger HEADERS frame refused as soon as its header is parsed, before its
+   payload is buffered), QPACK table and blocked-streams limits.
+
+``install_quic_cap`` warns on versions other than those it was written
+against (``ASSUMED_VERSIONS``) and refuses to start when what it reaches
+into is missing; ``tests/unit/test_quic_cap_patches.py`` pins the versions.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import os
+from contextvars import ContextVar
+from functools import partial
+from importlib.metadata import version
+from typing import Any, Callable
 
-from aioquic.buffer import Buffer
-from aioquic.quic.packet import PACKET_TYPE_INITIAL, pull_quic_header
+import hypercorn.protocol.h3
+import hypercorn.protocol.quic
+import pylsqpack
+from aioquic.asyncio.server import _encode_invalid_token_close
+from aioquic.buffer import Buffer  # type: ignore[attr-defined]
+from aioquic.h3.connection import ErrorCode, FrameType, H3Connection, H3Stream, ProtocolError, Setting
+from aioquic.quic.packet import (
+    PACKET_TYPE_INITIAL,
+    QuicErrorCode,
+    QuicHeader,
+    encode_quic_retry,
+    pull_quic_header,
+)
 from hypercorn.events import RawData
-from hypercorn.protocol.quic import QuicProtocol
+from hypercorn.protocol.quic import QuicProtocol, _Connection
 
-from gateway.connection_cap import ACTIVE_CAP, ConnectionCap, log_refusals
+from gateway.connection_cap import log_refusals
+from gateway.quic_admission import Address, QuicFrontDoor, QuicLimits, Verdict
 
-_ORIGINAL = "_hedgerow_uncapped"
+log = logging.getLogger("hedgerow.gateway.quic")
+
+ASSUMED_VERSIONS = {"hypercorn": "0.18.0", "aioquic": "1.7.2"}
+# The front door in force, set by ``gateway.transport.serve`` (a context
+# variable, like ``ACTIVE_CAP``: hypercorn's UDP tasks inherit it).
+ACTIVE_QUIC_DOOR: ContextVar[QuicFrontDoor | None] = ContextVar("quic_door", default=None)
+
+_ORIGINAL = "_hedgerow_unguarded"
 _LONG_HEADER = 0x80
+_MIN_INITIAL_BYTES = 1200  # RFC 9000 14.1; hypercorn ignores shorter Initials too
+_CID_BYTES = 8
+
+
+class HeaderSectionTooLarge(ProtocolError):
+    error_code = ErrorCode.H3_EXCESSIVE_LOAD
+
+
+class BoundedH3Connection(H3Connection):
+    """aioquic's ``H3Connection`` with the gateway's field-section and QPACK bounds."""
+
+    def _init_connection(self) -> None:
+        # Runs at the end of ``H3Connection.__init__``, before SETTINGS are
+        # sent: the limits must be in place (and advertised) from the start.
+        door = ACTIVE_QUIC_DOOR.get()
+        self._hedgerow_door = door
+        limits = door.limits if door is not None else QuicLimits()
+        self._hedgerow_max_field_section = limits.h3_max_field_section_bytes
+        self._max_table_capacity = limits.h3_qpack_table_bytes
+        self._blocked_streams = limits.h3_qpack_blocked_streams if limits.h3_qpack_table_bytes else 0
+        self._decoder = pylsqpack.Decoder(self._max_table_capacity, self._blocked_streams)
+        super()._init_connection()
+
+    def _get_local_settings(self) -> dict[int, int]:
+        settings = super()._get_local_settings()
+        settings[Setting.MAX_FIELD_SECTION_SIZE] = self._hedgerow_max_field_section
+        return settings
+
+    def _check_request_or_push_frame_type(self, frame_type: int, stream: H3Stream) -> None:
+        super()._check_request_or_push_frame_type(frame_type, stream)
+        if frame_type == FrameType.HEADERS and (stream.frame_size or 0) > self._hedgerow_max_field_section:
+            self._refused()
+            raise HeaderSectionTooLarge(
+                f"HEADERS frame of {stream.frame_size} bytes is over "
+                f"{self._hedgerow_max_field_section}")
+
+    def _decode_headers(self, stream_id: int, frame_data: bytes | None) -> list[tuple[bytes, bytes]]:
+        headers = super()._decode_headers(stream_id, frame_data)
+        size = sum(len(name) + len(value) + 32 for name, value in headers)
+        if size > self._hedgerow_max_field_section:
+            self._refused()
+            raise HeaderSectionTooLarge(
+                f"field section of {size} bytes is over {self._hedgerow_max_field_section}")
+        return headers
+
+    def _refused(self) -> None:
+        if self._hedgerow_door is not None:
+            self._hedgerow_door.h3_headers_refused += 1
 
 
 def install_quic_cap() -> None:
-    """Patch ``QuicProtocol`` in place; idempotent."""
+    """Patch hypercorn's ``QuicProtocol`` and its ``H3Connection`` in place; idempotent."""
     if hasattr(QuicProtocol, _ORIGINAL):
         return
+    for package, assumed in ASSUMED_VERSIONS.items():
+        if version(package) != assumed:
+            log.warning("gateway.quic_cap was written against %s %s, found %s: the "
+                        "QUIC front door's patches may not fit it", package, assumed,
+                        version(package))
+    # What the patches reach into: fail at start, not on the first packet.
+    missing = [name for owner, name in (
+        (QuicProtocol, "_handle_events"), (QuicProtocol, "send_all"),
+        (H3Connection, "_init_connection"), (H3Connection, "_get_local_settings"),
+        (H3Connection, "_check_request_or_push_frame_type"), (H3Connection, "_decode_headers"),
+        (hypercorn.protocol.h3, "H3Connection"), (hypercorn.protocol.quic, "QuicConnection"),
+    ) if not hasattr(owner, name)]
+    if missing:
+        raise RuntimeError(f"gateway.quic_cap cannot patch this hypercorn/aioquic: no {missing}")
     handle, handle_events = QuicProtocol.handle, QuicProtocol._handle_events
     setattr(QuicProtocol, _ORIGINAL, (handle, handle_events))
 
-    async def capped_handle(self: Any, event: Any) -> None:
-        cap = _cap(self)
-        new_cid = _new_connection_id(self, event) if cap is not None else None
-        if new_cid is None:
+    async def guarded_handle(self: Any, event: Any) -> None:
+        door = _door(self)
+        header = _new_initial(self, event.data) if isinstance(event, RawData) else None
+        if door is None or header is None:
             await handle(self, event)
             return
-        assert cap is not None
-        if not cap.try_open():
-            log_refusals(cap)
-            return  # dropped: no connection, no handshake
-        await handle(self, event)
-        created = self.connections.get(new_cid)
-        if created is not None:
-            self._hedgerow_counted.add(id(created))
-        else:  # too short, or the server is shutting down: nothing was opened
-            cap.close()
+        now = self.context.time()
+        admission = door.screen(address=event.address, destination_cid=header.destination_cid,
+                                token=header.token, now=now)
+        if admission.verdict is not Verdict.ADMIT:
+            answer = _answer(door, admission.verdict, header, event.address, now)
+            if answer is not None:
+                await self.send(RawData(data=answer, address=event.address))
+            _log(door)
+            return
+        await _open(self, door, header, event, admission.original_destination_cid,
+                    admission.retry_source_cid, now)
 
-    async def counted_handle_events(self: Any, connection: Any, client: Any = None) -> None:
+    async def tracked_handle_events(self: Any, connection: Any, client: Any = None) -> None:
         await handle_events(self, connection, client)
-        counted = getattr(self, "_hedgerow_counted", None)
-        if counted and not connection.cids and id(connection) in counted:
-            counted.discard(id(connection))  # terminated: its ids are forgotten
-            cap = _cap(self)
-            if cap is not None:
-                cap.close()
+        door = getattr(self, "_hedgerow_door", None)
+        key = id(connection)
+        if door is None or not door.tracks(key):
+            return
+        if not connection.cids:  # terminated: hypercorn forgot its ids
+            door.closed(key)
+            await _stop_guard(self, key)
+        elif door.is_half_open(key) and connection.quic._handshake_complete:
+            door.established(key)
+            await _stop_guard(self, key)
 
-    QuicProtocol.handle = capped_handle  # type: ignore[method-assign]
-    QuicProtocol._handle_events = counted_handle_events  # type: ignore[method-assign]
+    QuicProtocol.handle = guarded_handle  # type: ignore[method-assign]
+    QuicProtocol._handle_events = tracked_handle_events  # type: ignore[method-assign]
+    hypercorn.protocol.h3.H3Connection = BoundedH3Connection  # type: ignore[attr-defined]
 
 
-def _cap(protocol: Any) -> ConnectionCap | None:
-    """The cap of the server this protocol belongs to, fixed at its first packet."""
+def screen_datagram(protocol: QuicProtocol | None, data: bytes, address: Address,
+                    send: Callable[[bytes, Address], None], now: float) -> bool:
+    """Whether to queue ``data`` for hypercorn; a Retry or close is sent here."""
+    if len(data) >= 5 and data[0] & _LONG_HEADER and data[1:5] == b"\0\0\0\0":
+        # A Version Negotiation packet: hypercorn would answer it with one of
+        # its own (version 0 is not one it speaks), so two servers -- or a
+        # spoofed source naming another one -- could bounce them forever.
+        # aioquic's own server drops them; a server never needs one.
+        return False
+    if protocol is None:
+        return True
+    door = _door(protocol)
+    header = _new_initial(protocol, data) if door is not None else None
+    if door is None or header is None:
+        return True
+    admission = door.screen(address=address, destination_cid=header.destination_cid,
+                            token=header.token, now=now)
+    if admission.verdict is Verdict.ADMIT:
+        return True  # ``guarded_handle`` decides again, and opens it
+    answer = _answer(door, admission.verdict, header, address, now)
+    if answer is not None:
+        send(answer, address)
+    _log(door)
+    return False
+
+
+async def _open(protocol: Any, door: QuicFrontDoor, header: QuicHeader, event: RawData,
+                original_cid: bytes, retry_cid: bytes | None, now: float) -> None:
+    # hypercorn.protocol.quic.QuicProtocol.handle's own lines, with the ids
+    # aioquic needs after a Retry. ``hypercorn.protocol.quic.QuicConnection``
+    # is looked up at call time: ``gateway.transport`` adds the ticket hooks.
+    quic = hypercorn.protocol.quic.QuicConnection(  # type: ignore[attr-defined]
+        configuration=protocol.quic_config,
+        original_destination_connection_id=original_cid,
+        retry_source_connection_id=retry_cid,
+    )
+    connection = _Connection(cids={header.destination_cid, quic.host_cid}, quic=quic,
+                             task=protocol.context.single_task_class())
+    key = id(connection)
+    if not door.open(key, event.address or ("", 0), now):
+        _log(door)
+        return
+    protocol.connections[header.destination_cid] = connection
+    protocol.connections[quic.host_cid] = connection
+    guard = protocol.context.single_task_class()
+    protocol._hedgerow_guards[key] = guard
+    await guard.restart(protocol.task_group, partial(_expire, protocol, door, connection))
+    quic.receive_datagram(event.data, event.address, now=now)
+    await protocol._handle_events(connection, event.address)
+
+
+async def _expire(protocol: Any, door: QuicFrontDoor, connection: Any) -> None:
+    """Close a connection whose handshake is not done within the timeout."""
+    await protocol.context.sleep(door.limits.handshake_timeout_s)
+    key = id(connection)
+    protocol._hedgerow_guards.pop(key, None)  # this task: never stopped by itself
+    if not door.is_half_open(key) or not connection.cids:
+        return
+    connection.quic.close(error_code=QuicErrorCode.CONNECTION_REFUSED,
+                          reason_phrase="handshake timeout")
+    for data, address in connection.quic.datagrams_to_send(now=protocol.context.time()):
+        await protocol.send(RawData(data=data, address=address))
+    # Forget it now, not after aioquic's closing period: its slot is free at once.
+    await connection.task.stop()
+    for cid in connection.cids:
+        protocol.connections.pop(cid, None)
+    connection.cids = set()
+    door.closed(key, timed_out=True)
+
+
+async def _stop_guard(protocol: Any, key: int) -> None:
+    guard = protocol._hedgerow_guards.pop(key, None)
+    if guard is not None:
+        await guard.stop()
+
+
+def _door(protocol: Any) -> QuicFrontDoor | None:
+    """The door of the server this protocol belongs to, fixed at its first packet
+    (when the flow-control windows are set too)."""
     try:
-        return protocol._hedgerow_cap  # type: ignore[no-any-return]
+        return protocol._hedgerow_door  # type: ignore[no-any-return]
     except AttributeError:
-        protocol._hedgerow_cap = ACTIVE_CAP.get()
-        protocol._hedgerow_counted = set()
-        return protocol._hedgerow_cap  # type: ignore[no-any-return]
+        door = ACTIVE_QUIC_DOOR.get()
+        protocol._hedgerow_door = door
+        protocol._hedgerow_guards = {}
+        if door is not None:
+            protocol.quic_config.max_data = door.limits.max_data_bytes
+            protocol.quic_config.max_stream_data = door.limits.max_stream_data_bytes
+        return door
 
 
-def _new_connection_id(protocol: Any, event: Any) -> bytes | None:
-    """The destination id of an Initial packet for a connection this server does
-    not know (the id hypercorn files the new connection under); else None."""
-    data = event.data if isinstance(event, RawData) else b""
-    if not data or not data[0] & _LONG_HEADER:
-        return None  # short header: an established connection's packet
-    try:
-        header = pull_quic_header(Buffer(data=data), host_cid_length=8)
-    except ValueError:
-        return None  # hypercorn drops it too
-    if header.packet_type != PACKET_TYPE_INITIAL or header.destination_cid in protocol.connections:
+def _new_initial(protocol: Any, data: bytes) -> QuicHeader | None:
+    """The header of an Initial that would open a connection (long header,
+    a version we speak, an unknown destination id, at least 1200 bytes, not
+    shutting down); None for every other packet (hypercorn's business)."""
+    if len(data) < _MIN_INITIAL_BYTES or not data[0] & _LONG_HEADER:
         return None
-    return bytes(header.destination_cid)
+    try:
+        header = pull_quic_header(Buffer(data=data), host_cid_length=_CID_BYTES)
+    except ValueError:
+        return None
+    if (header.packet_type != PACKET_TYPE_INITIAL
+            or header.version not in protocol.quic_config.supported_versions
+            or header.destination_cid in protocol.connections
+            or protocol.context.terminated.is_set()):
+        return None
+    return header
+
+
+def _answer(door: QuicFrontDoor, verdict: Verdict, header: QuicHeader, address: Address,
+            now: float) -> bytes | None:
+    assert header.version is not None  # _new_initial checked it
+    if verdict is Verdict.RETRY:
+        retry_cid = os.urandom(_CID_BYTES)
+        return encode_quic_retry(
+            version=header.version, source_cid=retry_cid, destination_cid=header.source_cid,
+            original_destination_cid=header.destination_cid,
+            retry_token=door.retry_token(address, header.destination_cid, retry_cid, now))
+    if verdict is Verdict.INVALID_TOKEN:
+        return _encode_invalid_token_close(version=header.version,
+                                           source_cid=header.destination_cid,
+                                           destination_cid=header.source_cid)
+    return None
+
+
+def _log(door: QuicFrontDoor) -> None:
+    if door.cap is not None:
+        log_refusals(door.cap)

@@ -35,6 +35,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aioquic.quic.connection
 import anyio
@@ -49,7 +50,8 @@ from hypercorn.utils import wrap_app
 
 from gateway.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
 from gateway.h2_guard import install_h2_guard
-from gateway.quic_cap import install_quic_cap
+from gateway.quic_admission import QuicFrontDoor, QuicLimits
+from gateway.quic_cap import ACTIVE_QUIC_DOOR, install_quic_cap, screen_datagram
 from gateway.write_coalescing import install_write_coalescing
 from hedgerow.hypercorn_eof import install_eof_fix
 from hedgerow.decimal_text import parse_decimal
@@ -73,6 +75,9 @@ LOCAL_HOSTS = ("127.0.0.1", "::1")
 PORT_PICK_ATTEMPTS = 32
 ALT_SVC_MAX_AGE_S = 3600
 SHUTDOWN_NUDGE_INTERVAL_S = 0.05
+# Datagrams waiting for the QUIC protocol (hypercorn: 10); at most about
+# 256 x 1.5 KB. Initials to Retry or drop never wait here (gateway.quic_cap).
+UDP_QUEUE_DATAGRAMS = 256
 
 # Bounds on what a slow or hostile client can hold (hypercorn 0.18 knobs):
 # - A TCP connection must finish its TLS handshake within this (default 60 s).
@@ -175,12 +180,16 @@ async def serve(
     shutdown_trigger: ShutdownTrigger,
     *,
     connection_cap: ConnectionCap | None = None,
+    quic_door: QuicFrontDoor | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown_trigger()`` returns, then drain and return.
 
     Reports the bound port through ``task_status``. With ``connection_cap``,
-    TCP connections beyond its limit are closed at accept (``gateway.connection_cap``). Cancelling ``serve`` also
+    TCP connections beyond its limit are closed at accept (``gateway.connection_cap``).
+    ``quic_door`` bounds QUIC handshakes (Retry, half-open caps and timeout,
+    HTTP/3 header limits: ``gateway.quic_cap``); without one, a cap alone
+    gets the default limits. Cancelling ``serve`` also
     drains gracefully (bounded by ``config.graceful_timeout``) before the
     cancellation propagates, so listeners are never abandoned half-open.
     A failure inside hypercorn (e.g. the app's lifespan startup) propagates
@@ -194,7 +203,7 @@ async def serve(
         stop = anyio.Event()
         async with anyio.create_task_group() as task_group:
             task_group.start_soon(_serve_until_stopped, app, config, listeners, stop,
-                                  connection_cap)
+                                  connection_cap, quic_door)
             try:
                 await shutdown_trigger()
             finally:
@@ -207,11 +216,12 @@ async def serve(
 
 async def _serve_until_stopped(
     app: ASGIFramework, config: Config, listeners: Listeners, stop: anyio.Event,
-    connection_cap: ConnectionCap | None,
+    connection_cap: ConnectionCap | None, quic_door: QuicFrontDoor | None,
 ) -> None:
     # This task's own context: hypercorn's worker, started from it, opens its
     # TLS listeners through the cap (``HypercornAsyncio.start_server``).
     ACTIVE_CAP.set(connection_cap)
+    ACTIVE_QUIC_DOOR.set(quic_door or QuicFrontDoor(QuicLimits(), connection_cap))
     # Shielded: hypercorn's shutdown path awaits (closing servers, draining
     # connections); under a cancelled scope those awaits would be cut short.
     # ``stop`` is what ends it, and the caller sets it on cancellation too.
@@ -359,7 +369,9 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
     6. A connection the client closed waited out its keep-alive timer
        (``hedgerow.hypercorn_eof``).
     7. QUIC connections were not bounded at all: they take slots of the same
-       ``ConnectionCap`` (``gateway.quic_cap``).
+       ``ConnectionCap``; half-open ones are capped (in all and per source)
+       and time out, a Retry proves a client's address under load, and HTTP/3
+       header sections and QPACK state are bounded (``gateway.quic_cap``).
     """
     install_h2_guard()
     install_write_coalescing()
@@ -376,6 +388,21 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
 
 
 class _ClosingUDPServer(UDPServer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Hypercorn queues 10 datagrams and drops the rest: a burst of new
+        # clients (each Initial 1200+ bytes) lost most of its handshakes.
+        self.protocol_queue = asyncio.Queue(UDP_QUEUE_DATAGRAMS)
+
+    def datagram_received(self, data: bytes, address: tuple[bytes, str]) -> None:  # type: ignore[override]
+        # Initials to Retry or drop are dealt with before hypercorn's small
+        # packet queue, so a flood of them leaves it to open connections.
+        protocol = getattr(self, "protocol", None)
+        if self.transport is not None and not screen_datagram(
+                protocol, data, address, self.transport.sendto, self.loop.time()):
+            return
+        super().datagram_received(data, address)
+
     async def run(self) -> None:
         waker = self.loop.create_task(self._wake_when_terminated())
         try:

@@ -23,6 +23,7 @@ from hedgerow.logs import LOG_FORMATS, configure_logging
 from hedgerow.trust.process import add_trust_arguments
 
 if TYPE_CHECKING:
+    from gateway.quic_admission import QuicLimits
     from hedgerow.trust.process import InternalTls
     from hedgerow.redis_conn import RedisTls
     from workers.sim_backend import LatencyModel
@@ -273,8 +274,52 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="open connections (TCP and QUIC) at most; beyond it new ones are "
                          "refused before TLS (default 4096; the open-file limit is raised "
                          "to fit, or the cap lowered)")
+    _add_quic_limits(gw)
     add_trust_arguments(gw)
     gw.set_defaults(run=_run_gateway)
+
+
+def _add_quic_limits(gw: argparse.ArgumentParser) -> None:
+    from gateway.quic_admission import RETRY_MODES, QuicLimits
+
+    d = QuicLimits()
+    quic = gw.add_argument_group("QUIC / HTTP/3 limits (docs/security.md)")
+    quic.add_argument("--quic-retry", choices=RETRY_MODES, default=d.retry,
+                      help="answer new QUIC clients with a Retry (address validation): "
+                           "auto (while --quic-retry-above handshakes are pending), always, "
+                           f"never (default {d.retry})")
+    for flag, name, kind, help_text in (
+        ("--quic-retry-above", "retry_above_half_open", int,
+         "pending handshakes from which auto sends Retries"),
+        ("--quic-max-half-open", "max_half_open", int,
+         "QUIC connections with the handshake not done, at most; beyond, Initials are dropped"),
+        ("--quic-max-half-open-per-source", "max_half_open_per_source", int,
+         "the same, from one IPv4 address or IPv6 /64"),
+        ("--quic-handshake-timeout-s", "handshake_timeout_s", float,
+         "a QUIC handshake not done within this is closed"),
+        ("--quic-token-lifetime-s", "token_lifetime_s", float,
+         "a Retry token is accepted for this long, from the address it was sent to"),
+        ("--quic-max-data-bytes", "max_data_bytes", int,
+         "QUIC flow-control window of a connection"),
+        ("--quic-max-stream-data-bytes", "max_stream_data_bytes", int,
+         "QUIC flow-control window of a stream"),
+        ("--h3-max-field-section-bytes", "h3_max_field_section_bytes", int,
+         "an HTTP/3 header section larger than this closes the connection (H3_EXCESSIVE_LOAD)"),
+        ("--h3-qpack-table-bytes", "h3_qpack_table_bytes", int,
+         "QPACK dynamic table offered to clients (0: none, so no header inflation)"),
+        ("--h3-qpack-blocked-streams", "h3_qpack_blocked_streams", int,
+         "streams that may wait on QPACK table updates (with a table)"),
+    ):
+        quic.add_argument(flag, dest=f"quic_{name}", type=kind, default=getattr(d, name),
+                          metavar="N", help=f"{help_text} (default {getattr(d, name)})")
+
+
+def _quic_limits(args: argparse.Namespace) -> QuicLimits:
+    from dataclasses import fields
+
+    from gateway.quic_admission import QuicLimits
+
+    return QuicLimits(**{f.name: getattr(args, f"quic_{f.name}") for f in fields(QuicLimits)})
 
 
 def _add_cache(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -477,6 +522,11 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if args.max_connections < 1:
         print("hedgerow: --max-connections must be at least 1", file=sys.stderr)
         return 1
+    try:
+        quic_limits = _quic_limits(args)
+    except ValueError as error:
+        print(f"hedgerow: QUIC limits: {error}", file=sys.stderr)
+        return 1
     from gateway.main import default_gateway_id
 
     gateway_id = args.gateway_id or default_gateway_id(args.port)
@@ -491,6 +541,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         redis_tls=_redis_tls(args), pop=args.pop,
         admin_port=args.admin_port, admin_host=args.admin_host, admin_token=admin_token,
         metrics_token=metrics_token, max_connections=args.max_connections,
+        quic=quic_limits,
     )
     return _run_reporting_setup_errors(
         lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))

@@ -1,0 +1,460 @@
+"""Attacks on the QUIC / HTTP/3 front door, against a real gateway process.
+
+Each test runs an attack from real sockets on loopback and, on other
+connections at the same time, a well-behaved HTTP/3 client that opens a fresh
+QUIC connection per request (so every one of its requests also goes through
+the front door, Retry included). Each asserts that the abuse is cut or
+contained within a stated budget AND that the good client's requests all
+succeed with bounded latency, measured while the attack runs.
+
+- An Initial flood from many source ports: the gateway Retries all but the
+  first few (no state kept for them), those few half-open connections are
+  closed by the handshake timeout, and nothing it sends back is larger than
+  what it was sent (no amplification).
+- Stalled handshakes from several 127.0.0.x sources that do answer the Retry
+  (a proven address) and then stop: each source holds at most its
+  per-source share of half-open connections, and they are closed by the
+  handshake timeout.
+- Oversized HTTP/3 header blocks (a complete one, and one that only
+  declares a huge size): the connection is closed with H3_EXCESSIVE_LOAD as
+  soon as the frame header arrives.
+- A Version Negotiation packet is not answered (no reflection loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import pytest
+from aioquic.asyncio import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.buffer import encode_uint_var
+from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, H3Connection
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import ConnectionTerminated, QuicEvent
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.capped import start_capped_stack
+from tests.support.h3client import h3_request
+from tests.support.stack import Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+CAP = 512
+RETRY_ABOVE = 8
+MAX_HALF_OPEN = 100
+PER_SOURCE = 12
+HANDSHAKE_TIMEOUT_S = 2.0
+MAX_FIELD_SECTION = 16 * 1024
+FLAGS = ("--quic-retry-above", str(RETRY_ABOVE), "--quic-max-half-open", str(MAX_HALF_OPEN),
+         "--quic-max-half-open-per-source", str(PER_SOURCE),
+         "--quic-handshake-timeout-s", str(HANDSHAKE_TIMEOUT_S),
+         "--h3-max-field-section-bytes", str(MAX_FIELD_SECTION))
+
+# The attack's bounds (count and time) and the budgets asserted.
+FLOOD_SOCKETS = 300
+FLOOD_S = 4.0
+FLOOD_PPS = 3000
+STALL_SOURCES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
+STALL_PER_SOURCE = 30
+# Half-open connections are gone this long after the attack stops: the
+# handshake timeout plus scrape and scheduling slack.
+CUT_BUDGET_S = HANDSHAKE_TIMEOUT_S + 2.0
+# The good client: every request answered; latency of a fresh connection plus
+# one request (Retry round trip included) on a shared 2-core machine.
+GOOD_P95_BUDGET_S = 1.0
+GOOD_MAX_BUDGET_S = 3.0
+GOOD_INTERVAL_S = 0.05
+# An oversized header block closes its connection within this.
+HEADER_CUT_BUDGET_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = start_capped_stack(tmp_path_factory.mktemp("quic-attack"), CAP, *FLAGS)
+    try:
+        yield stack
+    finally:
+        stack.stop_all()
+
+
+def _port(stack: Stack) -> int:
+    return int(stack.gateway_url.rsplit(":", 1)[1])
+
+
+def _client_configuration(stack: Stack) -> QuicConfiguration:
+    configuration = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                                      server_name="127.0.0.1", idle_timeout=10.0)
+    configuration.load_verify_locations(cafile=str(stack.ca_cert))
+    return configuration
+
+
+def _metrics(stack: Stack) -> dict[str, float]:
+    text = stack.gateway_metrics()
+    seen: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(("hedgerow_quic", "hedgerow_h3", "hedgerow_connections")):
+                reason = sample.labels.get("reason")
+                seen[f"{sample.name}{{{reason}}}" if reason else sample.name] = sample.value
+    return seen
+
+
+async def _scrape(stack: Stack) -> dict[str, float]:
+    return await anyio.to_thread.run_sync(_metrics, stack)
+
+
+async def _until(stack: Stack, predicate: Callable[[dict[str, float]], bool],
+                 timeout_s: float) -> tuple[dict[str, float], float]:
+    started = time.monotonic()
+    with anyio.fail_after(timeout_s):
+        while True:
+            seen = await _scrape(stack)
+            if predicate(seen):
+                return seen, time.monotonic() - started
+            await anyio.sleep(0.1)
+
+
+@dataclass
+class GoodClient:
+    """Fresh-connection HTTP/3 requests in a loop, until ``stop`` is set."""
+
+    latencies: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    async def run(self, stack: Stack, stop: anyio.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                response = await h3_request("127.0.0.1", _port(stack), path="/healthz",
+                                            cafile=stack.ca_cert, timeout_s=GOOD_MAX_BUDGET_S,
+                                            ticket_wait_s=0)
+                if response.status != 200:
+                    self.failures.append(f"status {response.status}")
+            except Exception as error:  # noqa: BLE001 - every failure is reported
+                self.failures.append(repr(error))
+            self.latencies.append(time.monotonic() - started)
+            await anyio.sleep(GOOD_INTERVAL_S)
+
+    def summary(self) -> str:
+        ordered = sorted(self.latencies)
+        p50 = statistics.median(ordered)
+        p95 = (statistics.quantiles(ordered, n=20, method="inclusive")[-1]
+               if len(ordered) > 1 else ordered[0])
+        return (f"good client: {len(ordered)} requests, p50 {p50 * 1000:.0f} ms, "
+                f"p95 {p95 * 1000:.0f} ms, max {ordered[-1] * 1000:.0f} ms")
+
+    def check(self, minimum: int) -> None:
+        print(self.summary())
+        assert not self.failures, self.failures
+        assert len(self.latencies) >= minimum, self.latencies
+        p95 = statistics.quantiles(self.latencies, n=20, method="inclusive")[-1]
+        assert p95 <= GOOD_P95_BUDGET_S, (p95, sorted(self.latencies)[-5:])
+        assert max(self.latencies) <= GOOD_MAX_BUDGET_S, max(self.latencies)
+
+
+async def _during(stack: Stack, attack: Callable[[], Awaitable[Any]]) -> tuple[Any, GoodClient]:
+    """Run ``attack`` with a good client beside it, from before it starts to its end."""
+    good = GoodClient()
+    stop = anyio.Event()
+    result: list[Any] = []
+    async with anyio.create_task_group() as group:
+        group.start_soon(good.run, stack, stop)
+        await anyio.sleep(0.3)  # a few requests before, as a reference
+        try:
+            result.append(await attack())
+        finally:
+            stop.set()
+    return result[0], good
+
+
+def _initial(stack: Stack) -> bytes:
+    quic = QuicConnection(configuration=_client_configuration(stack))
+    quic.connect(("127.0.0.1", _port(stack)), now=time.monotonic())
+    (datagram, _), *_ = quic.datagrams_to_send(now=time.monotonic())
+    return datagram
+
+
+def _is_retry(datagram: bytes) -> bool:
+    return bool(datagram[0] & 0x80) and (datagram[0] & 0x30) >> 4 == 3  # QUIC v1 Retry
+
+
+@dataclass
+class FloodResult:
+    sent: int = 0
+    sent_bytes: int = 0
+    answers: int = 0
+    answer_bytes: int = 0
+    retries: int = 0
+
+
+def _flood(stack: Stack, stop_at: float) -> FloodResult:
+    """Real Initials, each from its own source port, paced at FLOOD_PPS until
+    ``stop_at``; answers are read but never acted on."""
+    target = ("127.0.0.1", _port(stack))
+    initials = [_initial(stack) for _ in range(FLOOD_SOCKETS)]
+    socks = []
+    result = FloodResult()
+    try:
+        for _ in range(FLOOD_SOCKETS):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+            socks.append(sock)
+        started = time.monotonic()
+        while time.monotonic() < stop_at:
+            for sock, initial in zip(socks, initials):
+                # Paced: at most FLOOD_PPS on average since the start.
+                while result.sent > (time.monotonic() - started) * FLOOD_PPS:
+                    time.sleep(0.001)
+                sock.sendto(initial, target)
+                result.sent += 1
+                result.sent_bytes += len(initial)
+                _drain(sock, result)
+                if time.monotonic() >= stop_at:
+                    break
+        for sock in socks:
+            _drain(sock, result)
+    finally:
+        for sock in socks:
+            sock.close()
+    return result
+
+
+def _drain(sock: socket.socket, result: FloodResult) -> None:
+    while True:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return
+        result.answers += 1
+        result.answer_bytes += len(data)
+        result.retries += _is_retry(data)
+
+
+async def test_an_initial_flood_from_many_ports_is_retried_and_cut(stack: Stack) -> None:
+    before = await _scrape(stack)
+    peak: list[float] = []
+
+    async def attack() -> FloodResult:
+        stop_at = time.monotonic() + FLOOD_S
+        async with anyio.create_task_group() as group:
+            async def watch() -> None:
+                while time.monotonic() < stop_at:
+                    peak.append((await _scrape(stack))["hedgerow_quic_half_open"])
+                    await anyio.sleep(0.2)
+            group.start_soon(watch)
+            return await anyio.to_thread.run_sync(_flood, stack, stop_at)
+
+    flood, good = await _during(stack, attack)
+    after, took = await _until(stack, lambda m: m["hedgerow_quic_half_open"] == 0, CUT_BUDGET_S)
+
+    retries = after["hedgerow_quic_retries_total"] - before["hedgerow_quic_retries_total"]
+    timeouts = (after["hedgerow_quic_handshake_timeouts_total"]
+                - before["hedgerow_quic_handshake_timeouts_total"])
+    print(f"flood: {flood}, gateway retries {retries:.0f}, peak half-open {max(peak)}, "
+          f"timeouts {timeouts:.0f}, half-open gone {took:.1f} s after")
+    assert flood.sent >= FLOOD_PPS * FLOOD_S / 2, flood  # the attack really ran
+    # All but the first few Initials of new connections were answered statelessly.
+    assert retries >= flood.sent - 2 * FLOOD_SOCKETS, (retries, flood)
+    assert flood.retries >= flood.sent - 2 * FLOOD_SOCKETS, flood
+    # Half-open connections never went past the Retry threshold (plus the good
+    # client's own, which come with a token), and each flood one timed out.
+    assert peak and max(peak) <= RETRY_ABOVE + 2, peak
+    assert timeouts >= 1
+    # No amplification: the flood got back fewer bytes than it sent.
+    assert flood.answer_bytes < flood.sent_bytes, flood
+    good.check(minimum=10)
+
+
+def _stall(stack: Stack, source: str, count: int) -> tuple[list[socket.socket], int]:
+    """``count`` handshakes from ``source`` that answer the Retry with its token
+    (so their address is proven) and then never send anything again, all
+    within a fraction of the handshake timeout. Returns the sockets (held
+    open: the caller closes them) and how many the gateway started a
+    handshake for (answered with anything but a Retry)."""
+    target = ("127.0.0.1", _port(stack))
+    socks: list[socket.socket] = []
+    quics: list[QuicConnection] = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        socks.append(sock)
+        sock.bind((source, 0))
+        sock.setblocking(False)
+        quic = QuicConnection(configuration=_client_configuration(stack))
+        quic.connect(target, now=time.monotonic())
+        quics.append(quic)
+    for sock, quic in zip(socks, quics):
+        for datagram, _ in quic.datagrams_to_send(now=time.monotonic()):
+            sock.sendto(datagram, target)
+    handshaking: set[int] = set()
+    retried: set[int] = set()
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S / 2
+    while time.monotonic() < deadline:
+        for index, (sock, quic) in enumerate(zip(socks, quics)):
+            try:
+                data = sock.recv(65536)
+            except BlockingIOError:
+                continue
+            if not _is_retry(data):
+                handshaking.add(index)  # admitted (with a token, or under the threshold)
+            elif index not in retried:
+                retried.add(index)  # answer it once, with the token, then go quiet
+                quic.receive_datagram(data, target, now=time.monotonic())
+                for datagram, _ in quic.datagrams_to_send(now=time.monotonic()):
+                    sock.sendto(datagram, target)
+        time.sleep(0.005)
+    return socks, len(handshaking)
+
+
+async def test_stalled_handshakes_are_capped_per_source_and_time_out(stack: Stack) -> None:
+    before = await _scrape(stack)
+    held: list[socket.socket] = []
+    seen_half_open: list[float] = []
+
+    async def attack() -> list[int]:
+        answered = []
+        lock = threading.Lock()
+
+        def one(source: str) -> None:
+            socks, got = _stall(stack, source, STALL_PER_SOURCE)
+            with lock:
+                held.extend(socks)
+                answered.append(got)
+
+        async with anyio.create_task_group() as group:
+            for source in STALL_SOURCES:
+                group.start_soon(anyio.to_thread.run_sync, one, source)
+        seen_half_open.append((await _scrape(stack))["hedgerow_quic_half_open"])
+        # The good client goes on while the stalled handshakes are held.
+        await anyio.sleep(HANDSHAKE_TIMEOUT_S)
+        return answered
+
+    try:
+        answered, good = await _during(stack, attack)
+        after, took = await _until(stack, lambda m: m["hedgerow_quic_half_open"] == 0,
+                                   CUT_BUDGET_S)
+    finally:
+        for sock in held:
+            sock.close()
+    refused = (after["hedgerow_quic_refused_total{per_source}"]
+               - before.get("hedgerow_quic_refused_total{per_source}", 0))
+    print(f"stall: handshakes started per source {answered}, half-open {seen_half_open}, "
+          f"per-source refusals {refused:.0f}, gone {took:.1f} s after")
+    # Each source got at most its share of half-open connections (and did
+    # reach it); the token-bearing Initials beyond it were dropped.
+    assert all(got <= PER_SOURCE for got in answered), answered
+    assert sum(answered) >= len(STALL_SOURCES) * PER_SOURCE / 2, answered
+    assert refused >= len(STALL_SOURCES) * (STALL_PER_SOURCE - PER_SOURCE) // 2, refused
+    assert seen_half_open[0] <= len(STALL_SOURCES) * PER_SOURCE + 2, seen_half_open
+    timeouts = (after["hedgerow_quic_handshake_timeouts_total"]
+                - before["hedgerow_quic_handshake_timeouts_total"])
+    assert timeouts >= len(STALL_SOURCES) * PER_SOURCE / 2, timeouts
+    good.check(minimum=5)
+
+
+class _Recorder(QuicConnectionProtocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.h3 = H3Connection(self._quic)
+        self.terminated: asyncio.Future[ConnectionTerminated] = (
+            asyncio.get_running_loop().create_future())
+        self.status: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def quic_event_received(self, event: QuicEvent) -> None:
+        if isinstance(event, ConnectionTerminated) and not self.terminated.done():
+            self.terminated.set_result(event)
+        for h3_event in self.h3.handle_event(event):
+            headers = getattr(h3_event, "headers", None)
+            if headers and not self.status.done():
+                self.status.set_result(int(dict(headers)[b":status"]))
+
+
+def _request_headers(stack: Stack, filler_bytes: int) -> list[tuple[bytes, bytes]]:
+    """A GET with about ``filler_bytes`` of extra field lines, 2 KiB each
+    (the QPACK encoder refuses much longer values)."""
+    lines = [(b":method", b"GET"), (b":scheme", b"https"),
+             (b":authority", f"127.0.0.1:{_port(stack)}".encode()), (b":path", b"/healthz")]
+    for index in range(0, filler_bytes, 2048):
+        lines.append((b"x-filler-%d" % index, b"a" * min(2048, filler_bytes - index)))
+    return lines
+
+
+async def _header_attack(stack: Stack, declared_only: bool) -> float:
+    """One connection sends an oversized header block; how long until the
+    gateway closed it (asserting it was H3_EXCESSIVE_LOAD)."""
+    async with connect("127.0.0.1", _port(stack), configuration=_client_configuration(stack),
+                       create_protocol=_Recorder) as client:
+        assert isinstance(client, _Recorder)
+        stream_id = client._quic.get_next_available_stream_id()
+        sent_at = time.monotonic()
+        if declared_only:
+            # A HEADERS frame that declares 1 GiB and sends 1 KiB of it.
+            client._quic.send_stream_data(stream_id, encode_uint_var(FrameType.HEADERS)
+                                          + encode_uint_var(1 << 30) + b"\0" * 1024)
+        else:
+            client.h3.send_headers(stream_id, _request_headers(stack, 4 * MAX_FIELD_SECTION),
+                                   end_stream=True)
+        client.transmit()
+        with anyio.fail_after(HEADER_CUT_BUDGET_S * 5):
+            closed = await client.terminated
+        assert closed.error_code == ErrorCode.H3_EXCESSIVE_LOAD, closed
+        return time.monotonic() - sent_at
+
+
+async def test_oversized_http3_header_blocks_close_their_connection(stack: Stack) -> None:
+    before = await _scrape(stack)
+    attacks = 20
+
+    async def attack() -> list[float]:
+        return [await _header_attack(stack, declared_only=bool(i % 2)) for i in range(attacks)]
+
+    cut_after, good = await _during(stack, attack)
+    print(f"headers: {attacks} connections closed after max {max(cut_after) * 1000:.0f} ms")
+    assert max(cut_after) <= HEADER_CUT_BUDGET_S, cut_after
+    after = await _scrape(stack)
+    refused = after["hedgerow_h3_headers_refused_total"] - before["hedgerow_h3_headers_refused_total"]
+    assert refused == attacks
+    good.check(minimum=3)
+    # A header block just under the limit is still served.
+    async with connect("127.0.0.1", _port(stack), configuration=_client_configuration(stack),
+                       create_protocol=_Recorder) as client:
+        assert isinstance(client, _Recorder)
+        stream_id = client._quic.get_next_available_stream_id()
+        client.h3.send_headers(stream_id, _request_headers(stack, MAX_FIELD_SECTION - 1024),
+                               end_stream=True)
+        client.transmit()
+        with anyio.fail_after(5):
+            assert await client.status == 200
+
+
+def _answers_to(stack: Stack, datagram: bytes) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(0.5)
+        sock.sendto(datagram, ("127.0.0.1", _port(stack)))
+        answers = 0
+        try:
+            while True:
+                sock.recv(65536)
+                answers += 1
+        except TimeoutError:
+            return answers
+
+
+def test_version_negotiation_packets_are_not_answered(stack: Stack) -> None:
+    """A spoofed Version Negotiation packet naming another QUIC server would
+    otherwise start a loop of them between the two."""
+    cids = bytes([8]) + b"\x11" * 8 + bytes([8]) + b"\x22" * 8
+    unknown_version = bytes([0xC0]) + bytes.fromhex("1a2a3a4a") + cids + b"\0" * 1200
+    negotiation = bytes([0x80]) + b"\0\0\0\0" + cids + bytes.fromhex("00000001")
+    assert _answers_to(stack, unknown_version) == 1  # still told which versions we speak
+    assert _answers_to(stack, negotiation) == 0

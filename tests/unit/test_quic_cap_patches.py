@@ -1,0 +1,138 @@
+"""The HTTP/3 bounds of ``gateway.quic_cap`` on aioquic's own state machines.
+
+A client and a server ``QuicConnection`` exchange datagrams in memory (no
+sockets, an injected clock); the server speaks HTTP/3 through
+``BoundedH3Connection`` as hypercorn does once the patches are installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib.metadata import version
+
+import pytest
+from aioquic.h3.connection import H3_ALPN, ErrorCode, H3Connection, Setting
+from aioquic.h3.events import H3Event, HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import ConnectionTerminated
+
+from gateway.devcert import DevCertificate, ensure_dev_certificate
+from gateway.quic_admission import QuicFrontDoor, QuicLimits
+from gateway.quic_cap import ACTIVE_QUIC_DOOR, ASSUMED_VERSIONS, BoundedH3Connection
+
+LIMIT = 4096
+CLIENT_ADDRESS = ("127.0.0.1", 40000)
+SERVER_ADDRESS = ("127.0.0.1", 443)
+
+
+def test_the_patched_versions_are_the_installed_ones() -> None:
+    # The patches reach into private code: a new version must be re-read first.
+    assert {name: version(name) for name in ASSUMED_VERSIONS} == ASSUMED_VERSIONS
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory: pytest.TempPathFactory) -> DevCertificate:
+    return ensure_dev_certificate(tmp_path_factory.mktemp("state"))
+
+
+@pytest.fixture
+def door() -> Iterator[QuicFrontDoor]:
+    door = QuicFrontDoor(QuicLimits(h3_max_field_section_bytes=LIMIT))
+    token = ACTIVE_QUIC_DOOR.set(door)
+    yield door
+    ACTIVE_QUIC_DOOR.reset(token)
+
+
+class Pair:
+    """An HTTP/3 client and a bounded server, connected in memory."""
+
+    def __init__(self, cert: DevCertificate) -> None:
+        self.now = 1000.0
+        client_config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                                          server_name="localhost")
+        client_config.load_verify_locations(cafile=str(cert.ca_cert))
+        server_config = QuicConfiguration(is_client=False, alpn_protocols=H3_ALPN)
+        server_config.load_cert_chain(certfile=str(cert.cert), keyfile=str(cert.key))
+        self.client = QuicConnection(configuration=client_config)
+        self.client.connect(SERVER_ADDRESS, now=self.now)
+        self.server = QuicConnection(configuration=server_config,
+                                     original_destination_connection_id=(
+                                         self.client.original_destination_connection_id))
+        self.client_h3 = H3Connection(self.client)
+        self.server_h3: BoundedH3Connection | None = None
+        self.server_events: list[H3Event] = []
+        self.terminated: ConnectionTerminated | None = None
+        self.exchange()
+
+    def exchange(self, rounds: int = 8) -> None:
+        for _ in range(rounds):
+            self.now += 0.01
+            for data, _ in self.client.datagrams_to_send(now=self.now):
+                self.server.receive_datagram(data, CLIENT_ADDRESS, now=self.now)
+            for data, _ in self.server.datagrams_to_send(now=self.now):
+                self.client.receive_datagram(data, SERVER_ADDRESS, now=self.now)
+            while (event := self.server.next_event()) is not None:
+                if self.server_h3 is None and self.server._handshake_complete:
+                    self.server_h3 = BoundedH3Connection(self.server)
+                if self.server_h3 is not None:
+                    self.server_events += self.server_h3.handle_event(event)
+            self._client_events()
+        # A peer's close reaches the client's events when its closing timer fires.
+        timer = self.client.get_timer()
+        if timer is not None and timer < self.now + 10:
+            self.now = max(self.now, timer)
+            self.client.handle_timer(now=self.now)
+            self._client_events()
+
+    def _client_events(self) -> None:
+        while (event := self.client.next_event()) is not None:
+            if isinstance(event, ConnectionTerminated):
+                self.terminated = event
+            self.client_h3.handle_event(event)
+
+    def request(self, filler_bytes: int) -> None:
+        stream_id = self.client.get_next_available_stream_id()
+        headers = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost"),
+                   (b":path", b"/")]
+        for index in range(0, filler_bytes, 1024):
+            headers.append((b"x-f%d" % index, b"a" * min(1024, filler_bytes - index)))
+        self.client_h3.send_headers(stream_id, headers, end_stream=True)
+        self.exchange()
+
+
+def test_limits_are_advertised_and_a_section_within_them_is_served(
+        cert: DevCertificate, door: QuicFrontDoor) -> None:
+    pair = Pair(cert)
+    settings = pair.client_h3.received_settings
+    assert settings is not None
+    assert settings[Setting.MAX_FIELD_SECTION_SIZE] == LIMIT
+    assert settings[Setting.QPACK_MAX_TABLE_CAPACITY] == 0
+    assert settings[Setting.QPACK_BLOCKED_STREAMS] == 0
+    pair.request(LIMIT // 2)
+    assert [type(e) for e in pair.server_events] == [HeadersReceived]
+    assert pair.terminated is None
+
+
+def test_an_oversized_section_closes_the_connection_with_excessive_load(
+        cert: DevCertificate, door: QuicFrontDoor) -> None:
+    pair = Pair(cert)
+    pair.request(LIMIT * 2)
+    assert pair.server_events == []
+    assert pair.terminated is not None
+    assert pair.terminated.error_code == ErrorCode.H3_EXCESSIVE_LOAD
+    assert door.h3_headers_refused == 1
+
+
+def test_a_section_that_decodes_over_the_limit_is_refused(
+        cert: DevCertificate, door: QuicFrontDoor) -> None:
+    # Many short lines: the frame is under the limit, the 32 bytes a line push
+    # the decoded section (RFC 9114 4.2.2's measure) over it.
+    pair = Pair(cert)
+    stream_id = pair.client.get_next_available_stream_id()
+    headers = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost"),
+               (b":path", b"/")] + [(b"x", b"%d" % i) for i in range(LIMIT // 34)]
+    pair.client_h3.send_headers(stream_id, headers, end_stream=True)
+    pair.exchange()
+    assert pair.terminated is not None
+    assert pair.terminated.error_code == ErrorCode.H3_EXCESSIVE_LOAD
