@@ -111,6 +111,7 @@ class GatewayMetrics:
         self.scheduler = SchedulerCollector(r)
         self.cache_stats = StatsCollector(r, cache_families)
         self.connection_stats = StatsCollector(r, connection_families)
+        self.h2_stats = StatsCollector(r, h2_families)
         # Labelled children resolved once per label set, not per request
         # (``labels()`` builds a key, and prometheus_client's takes a lock, on
         # every call). At most RESOLVED_MAX label sets are remembered.
@@ -145,6 +146,10 @@ class GatewayMetrics:
     def watch_connections(self, stats: Callable[[], Mapping[str, Any]]) -> None:
         """Export the connection cap's counts (``ConnectionCap.stats``) on scrape."""
         self.connection_stats.stats = stats
+
+    def watch_h2(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the HTTP/2 guard's counts (``H2GuardStats.snapshot``) on scrape."""
+        self.h2_stats.stats = stats
 
     def cache_lookup(self, result: str) -> None:
         counter = self._cache.get(result)
@@ -282,6 +287,20 @@ def connection_families(stats: Mapping[str, Any]) -> list[Metric]:
         _counter("hedgerow_connections_refused_total", "Connections refused before TLS "
                  "(TCP closed at accept, QUIC Initials dropped) at the connection limit.", None,
                  {"": stats["refused"]}),
+    ]
+
+
+def h2_families(stats: Mapping[str, Any]) -> list[Metric]:
+    """``H2GuardStats.snapshot()`` as metric families (sans-IO)."""
+    if not stats:
+        return []
+    return [
+        _counter("hedgerow_h2_connections_cut_total", "HTTP/2 connections cut (GOAWAY "
+                 "ENHANCE_YOUR_CALM) for overspending a per-connection budget (--h2-limit).",
+                 "budget", stats["cut"]),
+        _counter("hedgerow_h2_connections_drained_total", "HTTP/2 connections drained "
+                 "gracefully after --max-requests-per-connection streams.", None,
+                 {"": stats["drained"]}),
     ]
 
 
