@@ -53,8 +53,10 @@ class H2Limits:
     """Per-connection HTTP/2 budgets; see the module docstring for the sources."""
 
     max_new_streams_per_read: int = 200  # nginx: 2 x http2_max_concurrent_streams (100 here)
-    new_streams_per_s: float = 500.0
-    new_streams_burst: int = 1000
+    # A backstop above what one gateway process serves (~800 requests/s a core
+    # on cache hits): the reset rules above do the work against Rapid Reset.
+    new_streams_per_s: float = 2000.0
+    new_streams_burst: int = 4000
     premature_reset_lifetime_s: float = 1.0  # Envoy's default
     premature_reset_window: int = 500  # Envoy's premature_reset_total_stream_count
     pings_per_s: float = 10.0

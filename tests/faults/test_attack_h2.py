@@ -13,7 +13,6 @@ measured while the attack runs. The budgets are the gateway's defaults
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,10 +22,11 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from hyperframe.frame import Frame
 
+from bench.attacks import GoodClientRun, flood, good_client_during
 from gateway.h2_budget import H2Limits
 from tests.support.h2raw import RawH2, ServerSaid
 from tests.support.stack import Stack
-from tests.support.streams import chat_body, client, metric
+from tests.support.streams import metric
 
 pytestmark = pytest.mark.e2e
 
@@ -35,20 +35,15 @@ SIM = ["--backend", "sim", "--slots", "8", "--sim-prefill-ms-per-token", "0.1",
 LIMITS = H2Limits()
 MAX_REQUESTS = 300  # --max-requests-per-connection, small enough to reach in a test
 CHAT_PATH = "/v1/chat/completions"
-# Every attack is stopped by the test after this long or this many batches,
-# whether or not the gateway cut it (then the test fails).
-ATTACK_TIMEOUT_S = 10.0
-MAX_BATCHES = 2000
 # The abuser must be cut within this long of its first frame.
 CUT_WITHIN_S = 3.0
-# The good client, one streamed completion after another on its own HTTP/2
-# connection: none may fail, and its p99 while the attack runs stays under
-# this (measured unloaded on the shared 2-core test machine: p99 ~ 40 ms).
+# The good client (``bench.attacks.GoodClient``: its own tenant, a short
+# streamed completion every 50 ms on its own HTTP/2 connection; the attackers
+# are the anonymous tenant): none may fail, and its p99 while the attack runs
+# stays under this (unloaded on the shared 2-core test machine: p99 ~ 40 ms).
+# Each flood is stopped by ``bench.attacks.flood`` after 10 s or 2,000
+# batches whether or not the gateway cut it (then the test fails).
 GOOD_P99_BUDGET_S = 1.0
-GOOD_EVERY_S = 0.05
-# The good client is its own tenant (the default policy's keyed "demo"); the
-# attackers are the anonymous "local" tenant, whose 20 requests/s they spend.
-GOOD_API_KEY = "sk-demo"
 
 
 @pytest.fixture(scope="module")
@@ -64,72 +59,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack.stop_all()
 
 
-class GoodClient(threading.Thread):
-    """Streams short completions one after another until stopped."""
-
-    def __init__(self, stack: Stack) -> None:
-        super().__init__(daemon=True)
-        self.stack = stack
-        self.latencies: list[float] = []
-        self.errors: list[str] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        with client(self.stack, http2=True, timeout=10) as http:
-            http.headers["authorization"] = f"Bearer {GOOD_API_KEY}"
-            while not self.stop.wait(GOOD_EVERY_S):
-                started = time.monotonic()
-                try:
-                    # A new question each time: answered by the worker, not the cache.
-                    body = chat_body(4, f"hi {len(self.latencies)} {started}")
-                    response = http.post(CHAT_PATH, json=body)
-                    if response.status_code != 200 or "[DONE]" not in response.text:
-                        self.errors.append(f"{response.status_code} {response.text[:200]}")
-                except Exception as error:  # noqa: BLE001 - every failure is recorded and asserted on
-                    self.errors.append(repr(error))
-                self.latencies.append(time.monotonic() - started)
-
-    def p99(self) -> float:
-        return statistics.quantiles(self.latencies, n=100)[98] if len(self.latencies) > 1 else 0.0
-
-    def finish(self) -> GoodClient:
-        self.stop.set()
-        self.join(15)
-        return self
-
-
-def _good_client_during(stack: Stack, attack: Callable[[], None]) -> GoodClient:
-    good = GoodClient(stack)
-    good.start()
-    time.sleep(0.3)  # it is streaming before the attack starts
-    try:
-        attack()
-    finally:
-        good.finish()
-    return good
-
-
-def _assert_served(good: GoodClient) -> None:
+def _assert_served(good: GoodClientRun) -> None:
     assert not good.errors, good.errors[:3]
     assert len(good.latencies) >= 3, "the good client was barely served during the attack"
-    assert good.p99() < GOOD_P99_BUDGET_S, (good.p99(), sorted(good.latencies)[-5:])
+    p99 = statistics.quantiles(good.latencies, n=100)[98]
+    assert p99 < GOOD_P99_BUDGET_S, (p99, sorted(good.latencies)[-5:])
 
 
-def _flood(stack: Stack, batch: Callable[[RawH2], list[Frame]],
-           settings: dict[int, int] | None = None) -> tuple[RawH2, float]:
-    """Send ``batch(conn)`` again and again until the server cuts the connection
-    (or the test's own bounds run out); the seconds it took."""
-    conn = RawH2(stack.gateway_port, str(stack.ca_cert), settings=settings)
-    started = time.monotonic()
-    for _ in range(MAX_BATCHES):
-        if not conn.send(*batch(conn)) or conn.read().cut:
-            break
-        if time.monotonic() - started > ATTACK_TIMEOUT_S:
-            break
-    conn.wait_closed(CUT_WITHIN_S)
-    elapsed = time.monotonic() - started
-    conn.close()
-    return conn, elapsed
+def _flood(stack: Stack, batch: Callable[[RawH2], list[Frame]]) -> tuple[RawH2, float]:
+    return flood(stack.gateway_port, str(stack.ca_cert), batch)
 
 
 def _assert_cut(said: ServerSaid, elapsed: float, code: int = ErrorCodes.ENHANCE_YOUR_CALM
@@ -160,7 +98,6 @@ def test_rapid_reset_is_cut_after_envoys_premature_reset_budget(stack: Stack) ->
     # once, nginx's streams-per-read rule cuts it: whichever comes first.
     budgets = ("rapid_reset", "streams_per_read")
     before = sum(_cut_count(stack, budget) for budget in budgets)
-    box: dict[str, tuple[RawH2, float]] = {}
 
     def batch(conn: RawH2) -> list[Frame]:
         frames: list[Frame] = []
@@ -169,8 +106,7 @@ def test_rapid_reset_is_cut_after_envoys_premature_reset_budget(stack: Stack) ->
             frames += [conn.request_headers(stream), conn.rst(stream)]
         return frames
 
-    good = _good_client_during(stack, lambda: box.setdefault("r", _flood(stack, batch)))
-    conn, elapsed = box["r"]
+    (conn, elapsed), good = good_client_during(stack, lambda: _flood(stack, batch))
     _assert_cut(conn.said, elapsed)
     # The GOAWAY names the last stream the gateway processed: the abuser got
     # no more streams than the premature-reset budget (half of Envoy's window).
@@ -203,17 +139,15 @@ def test_a_flood_of_streams_the_server_must_reset_is_cut(stack: Stack) -> None:
     # budgets (per read, per second) cut it.
     budgets = ("streams_per_read", "streams_per_s")
     before = sum(_cut_count(stack, budget) for budget in budgets)
-    box: dict[str, tuple[RawH2, float]] = {}
 
     def batch(conn: RawH2) -> list[Frame]:
         frames: list[Frame] = []
-        for _ in range(20):
+        for _ in range(100):
             stream = conn.new_stream()
             frames += [conn.request_headers(stream), conn.data(stream, b"x")]
         return frames
 
-    good = _good_client_during(stack, lambda: box.setdefault("r", _flood(stack, batch)))
-    conn, elapsed = box["r"]
+    (conn, elapsed), good = good_client_during(stack, lambda: _flood(stack, batch))
     _assert_cut(conn.said, elapsed)
     assert conn.said.goaway_last_stream is not None
     processed = (conn.said.goaway_last_stream + 1) // 2
@@ -224,10 +158,8 @@ def test_a_flood_of_streams_the_server_must_reset_is_cut(stack: Stack) -> None:
 
 def test_a_ping_flood_is_cut(stack: Stack) -> None:
     # CVE-2019-9512.
-    box: dict[str, tuple[RawH2, float]] = {}
-    good = _good_client_during(stack, lambda: box.setdefault("r", _flood(
-        stack, lambda conn: [conn.ping(n) for n in range(20)])))
-    conn, elapsed = box["r"]
+    (conn, elapsed), good = good_client_during(stack, lambda: _flood(
+        stack, lambda conn: [conn.ping(n) for n in range(20)]))
     _assert_cut(conn.said, elapsed)
     acks = conn.said.frames.get("PingFrame", 0)
     assert acks <= LIMITS.pings_burst + LIMITS.pings_per_s * elapsed + 1, acks
@@ -236,10 +168,8 @@ def test_a_ping_flood_is_cut(stack: Stack) -> None:
 
 def test_a_settings_flood_is_cut(stack: Stack) -> None:
     # CVE-2019-9515.
-    box: dict[str, tuple[RawH2, float]] = {}
-    good = _good_client_during(stack, lambda: box.setdefault("r", _flood(
-        stack, lambda conn: [conn.settings({SettingCodes.INITIAL_WINDOW_SIZE: 65535})] * 20)))
-    conn, elapsed = box["r"]
+    (conn, elapsed), good = good_client_during(stack, lambda: _flood(
+        stack, lambda conn: [conn.settings({SettingCodes.INITIAL_WINDOW_SIZE: 65535})] * 20))
     _assert_cut(conn.said, elapsed)
     # Our initial SETTINGS is acknowledged too.
     acks = conn.said.frames.get("SettingsFrame", 0) - 1
@@ -320,7 +250,7 @@ def test_a_data_dribble_keeps_the_gateway_bounded(stack: Stack) -> None:
             conn.send(conn.window_update(0, 1))  # a byte at a time, on the connection only
             peak["rss"] = max(peak["rss"], _rss_mb(pid))
 
-    good = _good_client_during(stack, attack)
+    _, good = good_client_during(stack, attack)
     stalled = sum(1 for stream in streams if b"[DONE]" not in conn.said.data.get(stream, b""))
     conn.close()
     assert stalled == DRIBBLE_STREAMS, "the dribble did not stall the answers"
