@@ -33,8 +33,9 @@ at a time. A client past a budget gets GOAWAY (ENHANCE_YOUR_CALM) and the
 connection closes, as nginx and Envoy answer HTTP/2 floods. And after
 ``config.keep_alive_max_requests`` streams a connection drains gracefully:
 GOAWAY (NO_ERROR) naming the last stream it will serve, which with every
-stream before it runs to its end; later streams are refused (REFUSED_STREAM,
-safe to retry) and the connection closes once idle. Hypercorn's own check
+stream before it runs to its end; later streams are not processed (the
+GOAWAY tells the client so: safe to retry) and the connection closes once
+the last END_STREAM is out. Hypercorn's own check
 closes the h2 state machine at once, which cut every stream in flight.
 """
 
@@ -122,7 +123,9 @@ def install_h2_guard() -> None:
         for event in events:
             if guard.cut:
                 return  # drained and closed
-            if _refused_while_draining(self, event) or _refused_after_goaway(self, guard, event):
+            if _beyond_goaway(guard, event):
+                guard.budget.stream_closed(event.stream_id)  # type: ignore[attr-defined]
+            elif _refused_while_draining(self, event):
                 guard.budget.stream_closed(event.stream_id)  # type: ignore[attr-defined]
                 await original(self, [])  # flushes the RST_STREAM
             elif not _late_data(self, event):
@@ -207,13 +210,13 @@ async def _calm(protocol: Any, guard: _Guard, verdict: str) -> None:
     await protocol.send(Closed())
 
 
-def _refused_after_goaway(protocol: Any, guard: _Guard, event: h2.events.Event) -> bool:
-    """A stream beyond the last one a draining connection promised to serve."""
-    if (not isinstance(event, h2.events.RequestReceived) or guard.drain_after is None
-            or event.stream_id <= guard.drain_after):
-        return False
-    _refuse(protocol.connection, event.stream_id)
-    return True
+def _beyond_goaway(guard: _Guard, event: h2.events.Event) -> bool:
+    """A stream beyond the last one a draining connection promised to serve:
+    left alone. The GOAWAY already told the client it was not processed and
+    may be retried (RFC 9113, 6.8); a RST_STREAM on top of it made h2-based
+    clients (httpx) fail the request instead of retrying it, as seen here."""
+    return (isinstance(event, h2.events.RequestReceived) and guard.drain_after is not None
+            and event.stream_id > guard.drain_after)
 
 
 async def _drain_when_due(protocol: Any, guard: _Guard, stream_id: int) -> None:

@@ -279,14 +279,15 @@ def test_the_request_limit_drains_gracefully_in_flight_streams_finish(stack: Sta
                    conn.data(stream, body, end_stream=True)]
     conn.send(*frames)
     said = conn.wait_closed(10)
-    served, refused = chats[:10], chats[10:]
+    served, refused = chats[:10], chats[10:]  # the GOAWAY names the 300th stream
     assert said.goaway_code == ErrorCodes.NO_ERROR, said
     assert said.goaway_last_stream == served[-1], said
     for stream in served:  # every stream in flight ran to its end
         assert stream in said.ended_streams, (stream, said.reset_streams)
         assert b"[DONE]" in said.data.get(stream, b""), stream
-    for stream in refused:
-        assert said.reset_streams.get(stream) == ErrorCodes.REFUSED_STREAM, (stream, said)
+    for stream in refused:  # not processed, as the GOAWAY said: no answer, no reset
+        assert stream not in said.ended_streams and stream not in said.data, stream
+        assert stream not in said.reset_streams, stream
     assert said.closed_at, "the drained connection was not closed"
     conn.close()
     assert metric(stack, "hedgerow_h2_connections_drained_total") >= 1
