@@ -208,6 +208,13 @@ def settings_flood(stack: Stack) -> AttackOutcome:
                           lambda conn: max(0, conn.said.frames.get("SettingsFrame", 0) - 1))
 
 
+def priority_flood(stack: Stack) -> AttackOutcome:
+    """PRIORITY frames for streams never opened, each a new one."""
+    def batch(conn: RawH2) -> list[Frame]:
+        return [conn.priority(conn.new_stream()) for _ in range(20)]
+    return _flood_outcome(stack, batch, _streams_accepted)
+
+
 def _single_shot(stack: Stack, frames: Callable[[RawH2], list[Frame]]) -> AttackOutcome:
     conn = RawH2(stack.gateway_port, str(stack.ca_cert))
     started = time.monotonic()
@@ -240,6 +247,7 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("h2_server_resets", "h2", "CVE-2019-9514", server_resets),
     Attack("h2_ping_flood", "h2", "CVE-2019-9512", ping_flood),
     Attack("h2_settings_flood", "h2", "CVE-2019-9515", settings_flood),
+    Attack("h2_priority_flood", "h2", "CVE-2019-9513", priority_flood),
     Attack("h2_empty_frames", "h2", "CVE-2019-9518", empty_frames),
     Attack("h2_zero_length_headers", "h2", "CVE-2019-9516", zero_length_headers),
     Attack("h2_empty_header_values", "h2", "CVE-2019-9516", empty_header_values),

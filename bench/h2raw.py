@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from h2.errors import ErrorCodes
 from hpack import Encoder
 from hyperframe.frame import (ContinuationFrame, DataFrame, Frame, GoAwayFrame, HeadersFrame,
-                              PingFrame, RstStreamFrame, SettingsFrame, WindowUpdateFrame)
+                              PingFrame, PriorityFrame, RstStreamFrame, SettingsFrame,
+                              WindowUpdateFrame)
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FRAME_HEADER = 9
@@ -88,6 +89,10 @@ class RawH2:
     @staticmethod
     def ping(n: int) -> PingFrame:
         return PingFrame(0, opaque_data=struct.pack(">Q", n))
+
+    @staticmethod
+    def priority(stream_id: int, depends_on: int = 0) -> PriorityFrame:
+        return PriorityFrame(stream_id, depends_on=depends_on, stream_weight=15)
 
     @staticmethod
     def settings(values: dict[int, int]) -> SettingsFrame:

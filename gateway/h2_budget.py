@@ -26,6 +26,9 @@ The attacks and what answers each (defaults in ``H2Limits``):
   (Envoy: max_consecutive_inbound_frames_with_empty_payload, default 1).
   Empty CONTINUATION frames never reach us: h2's frame buffer fails the
   connection after 64 CONTINUATION frames (``h2.frame_buffer``).
+- PRIORITY floods (CVE-2019-9513, the "resource loop"): at most
+  ``max_priority_frames_per_stream`` per stream opened, plus one stream's
+  worth (Envoy's rule).
 - 0-length header names (CVE-2019-9516): h2 rejects an empty name as a
   protocol error (GOAWAY PROTOCOL_ERROR); header lists, empty values included,
   are bounded by MAX_HEADER_LIST_SIZE (each field counts 32 bytes + its length).
@@ -45,7 +48,7 @@ __all__ = ["H2Budget", "H2Limits", "RateBucket", "VERDICTS", "parse_h2_limits"]
 
 # Every reason a connection can be cut for; the metric's label values.
 VERDICTS = ("rapid_reset", "streams_per_read", "streams_per_s", "pings", "settings",
-            "control_frames", "empty_frames")
+            "control_frames", "empty_frames", "priority")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,12 @@ class H2Limits:
     settings_burst: int = 100
     max_control_frames_per_read: int = 1000  # Envoy's max_outbound_control_frames
     max_consecutive_empty_frames: int = 1  # Envoy's default
+    # PRIORITY frames: at most this many per stream opened, plus one stream's
+    # worth (Envoy's max_inbound_priority_frames_per_stream). Each one for an
+    # unknown stream adds a node to hypercorn's priority tree, and past 1000
+    # nodes the tree raises inside hypercorn, killing the connection with a
+    # traceback.
+    max_priority_frames_per_stream: int = 100
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -130,8 +139,10 @@ class H2Budget:
         # Open streams' start times: bounded by MAX_CONCURRENT_STREAMS, which
         # h2 enforces; entries leave when the stream closes.
         self.opened_at: dict[int, float] = {}
+        self.opened = 0
         self.closed = 0
         self.premature = 0
+        self.priority_frames = 0
         self._streams_this_read = 0
         self._control_this_read = 0
         self._empty_in_a_row = 0
@@ -143,6 +154,7 @@ class H2Budget:
 
     def stream_opened(self, stream_id: int, now: float) -> str | None:
         self.opened_at[stream_id] = now
+        self.opened += 1
         self._empty_in_a_row = 0
         self._streams_this_read += 1
         if self._streams_this_read > self.limits.max_new_streams_per_read:
@@ -187,6 +199,11 @@ class H2Budget:
         if self._control_this_read > self.limits.max_control_frames_per_read:
             return "control_frames"
         return None
+
+    def priority_frame(self) -> str | None:
+        self.priority_frames += 1
+        allowed = self.limits.max_priority_frames_per_stream * (1 + self.opened)
+        return "priority" if self.priority_frames > allowed else None
 
     def frame_payload(self, empty: bool) -> str | None:
         """A DATA frame (or trailers) arrived; ``empty``: no payload, no END_STREAM."""

@@ -186,6 +186,8 @@ def _spend(budget: H2Budget, event: h2.events.Event, now: float) -> str | None:
     if isinstance(event, h2.events.DataReceived):
         return budget.frame_payload(event.flow_controlled_length == 0
                                     and event.stream_ended is None)
+    if isinstance(event, h2.events.PriorityUpdated):
+        return budget.priority_frame()
     if isinstance(event, h2.events.TrailersReceived):
         return budget.frame_payload(not event.headers)
     return None

@@ -177,6 +177,17 @@ def test_a_settings_flood_is_cut(stack: Stack) -> None:
     _assert_served(good)
 
 
+def test_a_priority_flood_is_cut_before_hypercorns_tree_overflows(stack: Stack) -> None:
+    # CVE-2019-9513: PRIORITY frames for streams never opened. Each adds a node
+    # to hypercorn's priority tree; at 1,000 the tree raised inside hypercorn.
+    before = _cut_count(stack, "priority")
+    (conn, elapsed), good = good_client_during(stack, lambda: _flood(
+        stack, lambda conn: [conn.priority(conn.new_stream()) for _ in range(20)]))
+    _assert_cut(conn.said, elapsed)
+    assert _cut_count(stack, "priority") == before + 1
+    _assert_served(good)
+
+
 def test_an_empty_data_frame_flood_is_cut_at_the_second_frame(stack: Stack) -> None:
     # CVE-2019-9518: a stream's body sent as empty DATA frames without end.
     conn = RawH2(stack.gateway_port, str(stack.ca_cert))

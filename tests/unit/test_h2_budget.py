@@ -90,6 +90,14 @@ def test_consecutive_empty_frames_as_in_envoy() -> None:
     assert budget.frame_payload(empty=True) == "empty_frames"
 
 
+def test_priority_frames_are_bounded_per_stream_opened_as_in_envoy() -> None:
+    budget = H2Budget(H2Limits(max_priority_frames_per_stream=2), now=0.0)
+    assert [budget.priority_frame() for _ in range(3)] == [None, None, "priority"]
+    budget = H2Budget(H2Limits(max_priority_frames_per_stream=2), now=0.0)
+    budget.stream_opened(1, 0.0)  # one stream opened: two more allowed
+    assert [budget.priority_frame() for _ in range(5)] == [None] * 4 + ["priority"]
+
+
 @given(st.lists(st.floats(min_value=0, max_value=10), max_size=200))
 def test_a_bucket_never_grants_more_than_burst_plus_refill(gaps: list[float]) -> None:
     bucket = RateBucket(rate=5.0, burst=10, now=0.0)
