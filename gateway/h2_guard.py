@@ -93,8 +93,16 @@ class _Guard:
         self.last_served = 0  # the highest of them: a GOAWAY names it
 
 
+# The versions these patches were written and tested against (checked by
+# tests/unit/test_h2_budget.py): they wrap four methods of hypercorn's
+# H2Protocol and read h2's events and H2Connection.
+HYPERCORN_VERSION = "0.18.0"
+H2_VERSION = "4.4.1"
+
+
 def install_h2_guard() -> None:
-    """Patch ``H2Protocol._handle_events`` in place; idempotent."""
+    """Wrap ``H2Protocol._handle_events``, ``stream_send``, ``_send_data`` and
+    ``_close_stream`` in place (hypercorn ``HYPERCORN_VERSION``); idempotent."""
     if hasattr(H2Protocol, _ORIGINAL):
         return
     original = H2Protocol._handle_events

@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from importlib.metadata import version
+
 from gateway.h2_budget import H2Budget, H2Limits, RateBucket, parse_h2_limits
 from gateway.metrics import h2_families
 
@@ -131,3 +133,12 @@ def test_metric_families() -> None:
     text = {sample.name: sample for family in h2_families(stats) for sample in family.samples}
     assert text["hedgerow_h2_connections_drained_total"].value == 3
     assert h2_families({}) == []
+
+
+def test_the_guard_patches_the_versions_it_was_written_for() -> None:
+    # gateway/h2_guard.py wraps private methods of hypercorn's H2Protocol:
+    # an upgrade must be re-read against it (and the attack tests rerun).
+    from gateway.h2_guard import H2_VERSION, HYPERCORN_VERSION
+
+    assert version("hypercorn") == HYPERCORN_VERSION
+    assert version("h2") == H2_VERSION
