@@ -66,6 +66,11 @@ _STATE = "_hedgerow_guard"
 DEFAULT_LIMITS = H2Limits()
 
 
+# A cut is logged at most this often (with how many were not): an attacker
+# must not be able to write a log line per connection it opens.
+LOG_EVERY_S = 10.0
+
+
 class H2GuardStats:
     """Connections cut per budget and drained, for the whole process (every
     hypercorn listener shares the patched class); read by the metrics."""
@@ -73,6 +78,18 @@ class H2GuardStats:
     def __init__(self) -> None:
         self.cut: Counter[str] = Counter()
         self.drained = 0
+        self._logged_at = -LOG_EVERY_S
+        self._unlogged = 0
+
+    def count_cut(self, verdict: str, peer: str, now: float) -> None:
+        self.cut[verdict] += 1
+        if now - self._logged_at < LOG_EVERY_S:
+            self._unlogged += 1
+            return
+        _log.warning("HTTP/2 client %s cut: over its %s budget (GOAWAY ENHANCE_YOUR_CALM; "
+                     "%d more cut since the last such line; --h2-limit)",
+                     peer, verdict, self._unlogged)
+        self._logged_at, self._unlogged = now, 0
 
     def snapshot(self) -> dict[str, Any]:
         return {"cut": {reason: self.cut[reason] for reason in VERDICTS},
@@ -204,10 +221,8 @@ def _spend(budget: H2Budget, event: h2.events.Event, now: float) -> str | None:
 async def _calm(protocol: Any, guard: _Guard, verdict: str) -> None:
     """GOAWAY (ENHANCE_YOUR_CALM) and close: what nginx and Envoy do to a flood."""
     guard.cut = True
-    H2_GUARD_STATS.cut[verdict] += 1
     peer = protocol.client[0] if protocol.client else "?"
-    _log.warning("HTTP/2 client %s cut: over its %s budget (GOAWAY ENHANCE_YOUR_CALM)",
-                 peer, verdict)
+    H2_GUARD_STATS.count_cut(verdict, peer, protocol.context.time())
     # h2 acknowledged the read's PINGs and SETTINGS as it parsed them; an
     # abuser gets none of those ACKs (nothing else is pending: every event
     # handled so far was flushed).

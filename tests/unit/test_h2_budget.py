@@ -142,3 +142,17 @@ def test_the_guard_patches_the_versions_it_was_written_for() -> None:
 
     assert version("hypercorn") == HYPERCORN_VERSION
     assert version("h2") == H2_VERSION
+
+
+def test_cuts_are_counted_each_but_logged_at_most_every_ten_seconds(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from gateway.h2_guard import LOG_EVERY_S, H2GuardStats
+
+    stats = H2GuardStats()
+    for n in range(50):
+        stats.count_cut("pings", "192.0.2.1", now=n * 0.1)  # 5 s of cuts
+    stats.count_cut("settings", "192.0.2.2", now=LOG_EVERY_S + 1)
+    assert stats.snapshot()["cut"]["pings"] == 50
+    lines = [r.getMessage() for r in caplog.records if "cut: over" in r.getMessage()]
+    assert len(lines) == 2
+    assert "49 more cut" in lines[1]
