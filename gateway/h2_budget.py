@@ -14,8 +14,10 @@ The attacks and what answers each (defaults in ``H2Limits``):
   (or half of all closed streams beyond it). Also nginx 1.25.3's rule: at
   most ``max_new_streams_per_read`` new streams in one read (2 x max
   concurrent streams there). And a token bucket on new streams per second.
-- Reset flood (CVE-2019-9514): the same reset accounting, plus the bound on
-  control frames owed per read (below) for the resets we send.
+- Reset flood (CVE-2019-9514): frames that make the server answer with
+  RST_STREAM. h2 sends those itself (no event reaches us), but it resets a
+  stream once, so each costs the client a new stream: the stream budgets
+  bound them, and backpressure bounds the queue.
 - Ping flood (CVE-2019-9512) and settings flood (CVE-2019-9515): token
   buckets per connection; and every PING and SETTINGS obliges us to queue an
   ACK, so at most ``max_control_frames_per_read`` of them per read (Envoy
