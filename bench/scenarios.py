@@ -21,6 +21,9 @@
                 and one PoP's workers all killed. Needs root (``ip netns``).
 ``cache``       response-cache hit and miss latency through the gateway, semantic
                 precision and recall on the paraphrase set (``bench.cache_scenario``).
+``attacks``     HTTP/2 floods (rapid reset, the 2019 family): per attack, time until
+                the abuser is cut, what it got through, and a good client's p50/p99
+                before and during it (``bench.attacks``).
 ``soak``        mixed traffic with worker kills and freezes for ``--duration``
                 seconds; RSS over time, errors by kind, tasks left (``bench.soak``).
 
@@ -313,6 +316,13 @@ def cache(quick: bool, workdir: Path) -> dict[str, Any]:
     return run(quick, workdir)
 
 
+def attacks(quick: bool, workdir: Path) -> dict[str, Any]:
+    """Known floods: time until the abuser is cut, and a good client's latency (``bench.attacks``)."""
+    from bench.attacks import attacks as run
+
+    return run(quick, workdir)
+
+
 def soak(quick: bool, workdir: Path, duration_s: float | None = None) -> dict[str, Any]:
     """Mixed traffic with worker faults, watching RSS and tasks (``bench.soak``); not in CI."""
     from bench.soak import soak as run
@@ -330,6 +340,7 @@ SCENARIOS: dict[str, Callable[[bool, Path], dict[str, Any]]] = {
     "pops": pops,
     "cache": cache,
     "soak": soak,
+    "attacks": attacks,
 }
 
 

@@ -26,37 +26,253 @@ During shutdown hypercorn resets every new stream on a connection already
 open with RST_STREAM (NO_ERROR), which promises nothing, so clients report a
 failure. The guard refuses such a stream with REFUSED_STREAM instead (RFC
 9113, 8.7: not processed, safe to retry), and advertises no more streams.
+
+Each connection also spends from an ``H2Budget`` (``gateway.h2_budget``):
+streams, client resets, PINGs, SETTINGS and empty frames, counted one read
+at a time. A client past a budget gets GOAWAY (ENHANCE_YOUR_CALM) and the
+connection closes, as nginx and Envoy answer HTTP/2 floods. And after
+``config.keep_alive_max_requests`` streams a connection drains gracefully:
+GOAWAY (NO_ERROR) naming the last stream it will serve, which with every
+stream before it runs to its end; later streams are not processed (the
+GOAWAY tells the client so: safe to retry) and the connection closes once
+the last END_STREAM is out. Hypercorn's own check
+closes the h2 state machine at once, which cut every stream in flight.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from typing import Any
 
 import h2.events
 from h2.errors import ErrorCodes
+from h2.exceptions import StreamClosedError
 from h2.settings import SettingCodes
+from hyperframe.frame import GoAwayFrame
+from hypercorn.events import Closed, RawData
+from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
 
+from gateway.h2_budget import VERDICTS, H2Budget, H2Limits
+
+_log = logging.getLogger("hedgerow.gateway")
+
 _ORIGINAL = "_hedgerow_unguarded_handle_events"
+_ORIGINAL_SEND = "_hedgerow_unguarded_stream_send"
+_ORIGINAL_CLOSE = "_hedgerow_unguarded_close_stream"
+_ORIGINAL_SEND_DATA = "_hedgerow_unguarded_send_data"
+_STATE = "_hedgerow_guard"
+DEFAULT_LIMITS = H2Limits()
+
+
+# A cut is logged at most this often (with how many were not): an attacker
+# must not be able to write a log line per connection it opens.
+LOG_EVERY_S = 10.0
+
+
+class H2GuardStats:
+    """Connections cut per budget and drained, for the whole process (every
+    hypercorn listener shares the patched class); read by the metrics."""
+
+    def __init__(self) -> None:
+        self.cut: Counter[str] = Counter()
+        self.drained = 0
+        self._logged_at = -LOG_EVERY_S
+        self._unlogged = 0
+
+    def count_cut(self, verdict: str, peer: str, now: float) -> None:
+        self.cut[verdict] += 1
+        if now - self._logged_at < LOG_EVERY_S:
+            self._unlogged += 1
+            return
+        _log.warning("HTTP/2 client %s cut: over its %s budget (GOAWAY ENHANCE_YOUR_CALM; "
+                     "%d more cut since the last such line; --h2-limit)",
+                     peer, verdict, self._unlogged)
+        self._logged_at, self._unlogged = now, 0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"cut": {reason: self.cut[reason] for reason in VERDICTS},
+                "drained": self.drained}
+
+
+H2_GUARD_STATS = H2GuardStats()
+
+
+class _Guard:
+    """What the guard keeps on one connection."""
+
+    def __init__(self, limits: H2Limits, now: float) -> None:
+        self.budget = H2Budget(limits, now)
+        self.cut = False
+        self.drain_after: int | None = None  # the last stream served, once draining
+        self.served = 0  # streams handed to the app
+        self.last_served = 0  # the highest of them: a GOAWAY names it
+
+
+# The versions these patches were written and tested against (checked by
+# tests/unit/test_h2_budget.py): they wrap four methods of hypercorn's
+# H2Protocol and read h2's events and H2Connection.
+HYPERCORN_VERSION = "0.18.0"
+H2_VERSION = "4.4.1"
 
 
 def install_h2_guard() -> None:
-    """Patch ``H2Protocol._handle_events`` in place; idempotent."""
+    """Wrap ``H2Protocol._handle_events``, ``stream_send``, ``_send_data`` and
+    ``_close_stream`` in place (hypercorn ``HYPERCORN_VERSION``); idempotent."""
     if hasattr(H2Protocol, _ORIGINAL):
         return
     original = H2Protocol._handle_events
+    original_send = H2Protocol.stream_send
+    original_close = H2Protocol._close_stream
+    original_send_data = H2Protocol._send_data
     setattr(H2Protocol, _ORIGINAL, original)
+    setattr(H2Protocol, _ORIGINAL_SEND, original_send)
+    setattr(H2Protocol, _ORIGINAL_CLOSE, original_close)
+    setattr(H2Protocol, _ORIGINAL_SEND_DATA, original_send_data)
 
     async def handle_events(self: H2Protocol, events: list[h2.events.Event]) -> None:
+        guard = _guard(self)
+        if guard.cut:
+            return
+        # The whole read is charged before any of it is acted on: h2 parsed
+        # it at once, so a reset in it arrived before any answer we would
+        # send while handling it (as Envoy, which handles a read in one go,
+        # sees it), and an abuser's last read starts no work at all.
+        verdict = _charge(guard.budget, events, self.context.time())
+        if verdict is not None:
+            await _calm(self, guard, verdict)
+            return
         # One at a time: a stream exists only once the RequestReceived before
         # its DATA in the same batch has been handled.
         for event in events:
-            if _refused_while_draining(self, event):
+            if guard.cut:
+                return  # drained and closed
+            if _beyond_goaway(guard, event):
+                guard.budget.stream_closed(event.stream_id)  # type: ignore[attr-defined]
+            elif _refused_while_draining(self, event):
+                guard.budget.stream_closed(event.stream_id)  # type: ignore[attr-defined]
                 await original(self, [])  # flushes the RST_STREAM
             elif not _late_data(self, event):
                 await original(self, [event])
+                if isinstance(event, h2.events.RequestReceived):
+                    await _drain_when_due(self, guard, event.stream_id)
+
+    async def stream_send(self: H2Protocol, event: Any) -> None:
+        await original_send(self, event)
+        if isinstance(event, StreamClosed):
+            await _close_if_drained(self)
+
+    async def send_data(self: H2Protocol, stream_id: int) -> None:
+        await original_send_data(self, stream_id)
+        await _close_if_drained(self)
+
+    async def close_stream(self: H2Protocol, stream_id: int) -> None:
+        _guard(self).budget.stream_closed(stream_id)
+        await original_close(self, stream_id)
 
     H2Protocol._handle_events = handle_events  # type: ignore[method-assign]
+    H2Protocol.stream_send = stream_send  # type: ignore[method-assign]
+    H2Protocol._close_stream = close_stream  # type: ignore[method-assign]
+    H2Protocol._send_data = send_data  # type: ignore[method-assign]
+
+
+def _guard(protocol: Any) -> _Guard:
+    guard: _Guard | None = getattr(protocol, _STATE, None)
+    if guard is None:
+        limits = getattr(protocol.config, "h2_limits", DEFAULT_LIMITS)
+        guard = _Guard(limits, protocol.context.time())
+        setattr(protocol, _STATE, guard)
+    return guard
+
+
+def _charge(budget: H2Budget, events: list[h2.events.Event], now: float) -> str | None:
+    """Charge one read's events to the connection's budget; the first verdict."""
+    budget.begin_read()
+    for event in events:
+        verdict = _spend(budget, event, now)
+        if verdict is not None:
+            return verdict
+    return None
+
+
+def _spend(budget: H2Budget, event: h2.events.Event, now: float) -> str | None:
+    """Charge ``event`` to the connection's budget; the verdict when overspent."""
+    if isinstance(event, h2.events.RequestReceived):
+        return budget.stream_opened(event.stream_id, now)
+    if isinstance(event, h2.events.StreamReset):
+        if event.remote_reset:
+            return budget.stream_reset_by_client(event.stream_id, now)
+        return budget.reset_sent()
+    if isinstance(event, h2.events.PingReceived):
+        return budget.ping(now)
+    if isinstance(event, h2.events.RemoteSettingsChanged):
+        return budget.settings_frame(now)
+    if isinstance(event, h2.events.DataReceived):
+        return budget.frame_payload(event.flow_controlled_length == 0
+                                    and event.stream_ended is None)
+    if isinstance(event, h2.events.PriorityUpdated):
+        return budget.priority_frame()
+    if isinstance(event, h2.events.TrailersReceived):
+        return budget.frame_payload(not event.headers)
+    return None
+
+
+async def _calm(protocol: Any, guard: _Guard, verdict: str) -> None:
+    """GOAWAY (ENHANCE_YOUR_CALM) and close: what nginx and Envoy do to a flood."""
+    guard.cut = True
+    peer = protocol.client[0] if protocol.client else "?"
+    H2_GUARD_STATS.count_cut(verdict, peer, protocol.context.time())
+    # h2 acknowledged the read's PINGs and SETTINGS as it parsed them; an
+    # abuser gets none of those ACKs (nothing else is pending: every event
+    # handled so far was flushed).
+    protocol.connection.clear_outbound_data_buffer()
+    # The last stream named is the last one processed (RFC 9113, 6.8), not
+    # the last one h2 parsed: the overspending read was never acted on.
+    protocol.connection.close_connection(error_code=ErrorCodes.ENHANCE_YOUR_CALM,
+                                         last_stream_id=guard.last_served)
+    await protocol._flush()
+    await protocol.send(Closed())
+
+
+def _beyond_goaway(guard: _Guard, event: h2.events.Event) -> bool:
+    """A stream beyond the last one a draining connection promised to serve:
+    left alone. The GOAWAY already told the client it was not processed and
+    may be retried (RFC 9113, 6.8); a RST_STREAM on top of it made h2-based
+    clients (httpx) fail the request instead of retrying it, as seen here."""
+    return (isinstance(event, h2.events.RequestReceived) and guard.drain_after is not None
+            and event.stream_id > guard.drain_after)
+
+
+async def _drain_when_due(protocol: Any, guard: _Guard, stream_id: int) -> None:
+    """After ``keep_alive_max_requests`` streams: GOAWAY naming this stream as
+    the last, leaving h2's state open so the streams in flight finish. The
+    frame is written beside h2 (it has no "graceful GOAWAY" call: its
+    ``close_connection`` also forbids sending anything after it)."""
+    guard.served += 1
+    guard.last_served = max(guard.last_served, stream_id)
+    if guard.drain_after is not None or guard.served < protocol.config.keep_alive_max_requests:
+        return
+    guard.drain_after = stream_id
+    H2_GUARD_STATS.drained += 1
+    await protocol._flush()
+    frame = GoAwayFrame(0, last_stream_id=stream_id, error_code=ErrorCodes.NO_ERROR)
+    await protocol.send(RawData(data=frame.serialize()))
+
+
+async def _close_if_drained(protocol: Any) -> None:
+    """Close a draining connection once its last stream's END_STREAM is out.
+    A stream reports StreamClosed as soon as its body is handed over, before
+    the sending task has framed it; that task drops the stream's buffer only
+    after END_STREAM, so "no streams and no buffers" means all was sent."""
+    guard = _guard(protocol)
+    if (guard.drain_after is None or guard.cut or protocol.closed or protocol.streams
+            or protocol.stream_buffers):
+        return
+    guard.cut = True
+    protocol.connection.close_connection(last_stream_id=guard.drain_after)
+    await protocol._flush()
+    await protocol.send(Closed())
 
 
 def _refused_while_draining(protocol: Any, event: h2.events.Event) -> bool:
@@ -67,9 +283,18 @@ def _refused_while_draining(protocol: Any, event: h2.events.Event) -> bool:
     if not isinstance(event, h2.events.RequestReceived) or not protocol.context.terminated.is_set():
         return False
     connection = protocol.connection
-    connection.reset_stream(event.stream_id, error_code=ErrorCodes.REFUSED_STREAM)
+    _refuse(connection, event.stream_id)
     connection.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: 0})
     return True
+
+
+def _refuse(connection: Any, stream_id: int) -> None:
+    try:
+        connection.reset_stream(stream_id, error_code=ErrorCodes.REFUSED_STREAM)
+    except StreamClosedError:
+        # h2 parses a whole read before we see its first event: a RST_STREAM
+        # later in the same read already closed the stream; nothing to refuse.
+        pass
 
 
 def _late_data(protocol: Any, event: h2.events.Event) -> bool:

@@ -27,6 +27,9 @@ from gateway.scheduler import SchedulerActor
 from gateway.shared_limits import SharedLimitsScheduler, open_shared_limits
 from gateway.quic_admission import QuicFrontDoor, QuicLimits
 from gateway.transport import build_config, local_hosts, serve
+from gateway.h2_budget import H2Limits
+from gateway.h2_guard import H2_GUARD_STATS
+from gateway.transport import MAX_REQUESTS_PER_CONNECTION, build_config, local_hosts, serve
 from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
@@ -81,6 +84,10 @@ class GatewayOptions:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     # QUIC handshakes (Retry, half-open caps, timeout) and HTTP/3 header bounds.
     quic: QuicLimits = QuicLimits()
+    # Requests per connection (then HTTP/2 drains gracefully) and the
+    # per-connection HTTP/2 flood budgets (``gateway.h2_budget``).
+    max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION
+    h2_limits: H2Limits = H2Limits()
     # Mutual TLS to the control plane and workers, and on the admin listener;
     # None: plain HTTP (--insecure-internal, and tests of the gateway alone).
     internal_tls: InternalTls | None = None
@@ -137,6 +144,7 @@ async def run_gateway(
             app.metrics.watch_connections(connections.stats)
             quic_door = QuicFrontDoor(options.quic, connections)
             app.metrics.watch_quic(quic_door.stats)
+            app.metrics.watch_h2(H2_GUARD_STATS.snapshot)
             edge = CorsMiddleware(app, policy.cors, app.router.serves)
 
             async def apply_policy(new: Policy) -> None:
@@ -158,7 +166,9 @@ async def run_gateway(
                          options.policy_path)
             config = build_config(host=options.host, port=options.port,
                                   certfile=certfile, keyfile=keyfile,
-                                  graceful_timeout_s=options.drain_timeout_s + DRAIN_GRACE_S)
+                                  graceful_timeout_s=options.drain_timeout_s + DRAIN_GRACE_S,
+                                  h2_limits=options.h2_limits,
+                                  max_requests_per_connection=options.max_requests_per_connection)
             async with anyio.create_task_group() as tg:
 
                 async def drain_on_shutdown() -> None:

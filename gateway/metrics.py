@@ -112,6 +112,7 @@ class GatewayMetrics:
         self.cache_stats = StatsCollector(r, cache_families)
         self.connection_stats = StatsCollector(r, connection_families)
         self.quic_stats = StatsCollector(r, quic_families)
+        self.h2_stats = StatsCollector(r, h2_families)
         # Labelled children resolved once per label set, not per request
         # (``labels()`` builds a key, and prometheus_client's takes a lock, on
         # every call). At most RESOLVED_MAX label sets are remembered.
@@ -150,6 +151,9 @@ class GatewayMetrics:
     def watch_quic(self, stats: Callable[[], Mapping[str, Any]]) -> None:
         """Export the QUIC front door's counts (``QuicFrontDoor.stats``) on scrape."""
         self.quic_stats.stats = stats
+    def watch_h2(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the HTTP/2 guard's counts (``H2GuardStats.snapshot``) on scrape."""
+        self.h2_stats.stats = stats
 
     def cache_lookup(self, result: str) -> None:
         counter = self._cache.get(result)
@@ -313,6 +317,20 @@ def quic_families(stats: Mapping[str, Any]) -> list[Metric]:
         _counter("hedgerow_h3_headers_refused_total", "HTTP/3 connections closed for a "
                  "header section over --h3-max-field-section-bytes.", None,
                  {"": stats["h3_headers_refused"]}),
+    ]
+
+
+def h2_families(stats: Mapping[str, Any]) -> list[Metric]:
+    """``H2GuardStats.snapshot()`` as metric families (sans-IO)."""
+    if not stats:
+        return []
+    return [
+        _counter("hedgerow_h2_connections_cut_total", "HTTP/2 connections cut (GOAWAY "
+                 "ENHANCE_YOUR_CALM) for overspending a per-connection budget (--h2-limit).",
+                 "budget", stats["cut"]),
+        _counter("hedgerow_h2_connections_drained_total", "HTTP/2 connections drained "
+                 "gracefully after --max-requests-per-connection streams.", None,
+                 {"": stats["drained"]}),
     ]
 
 

@@ -49,6 +49,7 @@ from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
 from gateway.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
+from gateway.h2_budget import H2Limits
 from gateway.h2_guard import install_h2_guard
 from gateway.quic_admission import QuicFrontDoor, QuicLimits
 from gateway.quic_cap import ACTIVE_QUIC_DOOR, install_quic_cap, screen_datagram
@@ -60,6 +61,7 @@ from gateway.quic_tickets import QuicTicketStore
 __all__ = [
     "QUIC_SESSION_TICKETS",
     "Listeners",
+    "H2Limits",
     "TlsConfig",
     "bind_listeners",
     "build_config",
@@ -86,7 +88,11 @@ TLS_HANDSHAKE_TIMEOUT_S = 5.0
 #   a request's headers are complete, so a slowloris that trickles its headers
 #   is closed after it too, whatever it still sends.
 KEEP_ALIVE_TIMEOUT_S = 5.0
-MAX_REQUESTS_PER_CONNECTION = 1_000_000
+# - Requests per connection (nginx's keepalive_requests is 1000): HTTP/1.1
+#   answers the last with ``connection: close``; HTTP/2 drains gracefully
+#   (GOAWAY naming the last stream, streams in flight finish;
+#   ``gateway.h2_guard``). Per-connection HTTP/2 flood budgets: ``H2Limits``.
+MAX_REQUESTS_PER_CONNECTION = 10_000
 # - Open TCP connections: a ``ConnectionCap`` passed to ``serve`` (gateway
 #   ``--max-connections``) closes the ones beyond it at accept, before TLS.
 #   Connections the kernel completed wait in the accept queue for at most
@@ -109,7 +115,10 @@ ShutdownTrigger = Callable[[], Awaitable[object]]
 
 
 class TlsConfig(Config):
-    """Hypercorn's config with its TLS context repaired for a public edge."""
+    """Hypercorn's config with its TLS context repaired for a public edge, and
+    the HTTP/2 flood budgets ``gateway.h2_guard`` reads from it."""
+
+    h2_limits: H2Limits = H2Limits()
 
     def create_ssl_context(self) -> ssl.SSLContext | None:
         context = super().create_ssl_context()
@@ -143,6 +152,8 @@ def build_config(
     keyfile: Path,
     http3: bool = True,
     graceful_timeout_s: float = 5.0,
+    h2_limits: H2Limits = H2Limits(),
+    max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION,
 ) -> Config:
     """Hypercorn config for TLS on TCP (h2, http/1.1) and, if http3, QUIC on UDP.
 
@@ -165,9 +176,10 @@ def build_config(
     config.ssl_handshake_timeout = TLS_HANDSHAKE_TIMEOUT_S
     config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
     config.backlog = ACCEPT_BACKLOG
-    # Hypercorn closes a connection after 1000 requests by default, which drops
-    # every other stream multiplexed on an HTTP/2 connection with it.
-    config.keep_alive_max_requests = MAX_REQUESTS_PER_CONNECTION
+    # Hypercorn's own HTTP/2 check at this limit dropped every stream in
+    # flight; the guard drains first, so hypercorn's check never fires.
+    config.keep_alive_max_requests = max_requests_per_connection
+    config.h2_limits = h2_limits
     config.h11_max_incomplete_size = MAX_HEADER_BYTES
     config.h2_max_header_list_size = H2_MAX_HEADER_LIST_BYTES
     config.read_timeout = None
@@ -360,7 +372,9 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
        shutdown only on the next datagram, so a shutdown sat out the whole
        graceful_timeout. ``_ClosingUDPServer`` fixes both.
     3. HTTP/2 DATA arriving after a stream's response ended (a 413 before the
-       body was read) crashed the connection: see ``gateway.h2_guard``.
+       body was read) crashed the connection; nothing bounded resets, pings,
+       settings or empty frames; the request limit dropped streams in flight:
+       see ``gateway.h2_guard``.
     4. Nothing bounds how many TCP connections are open: the worker's
        ``asyncio`` is replaced by ``HypercornAsyncio``, whose ``start_server``
        applies the ``ConnectionCap`` given to ``serve`` (none given: unchanged).

@@ -67,7 +67,7 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     kinds = bench.add_subparsers(dest="bench_command", required=True)
     scenario = kinds.add_parser("scenario", help="run a named scenario; last line is JSON")
     scenario.add_argument("name", help="overhead | internal-tls | overload | stragglers | throughput | "
-                          "worker | pops | cache | soak")
+                          "worker | pops | cache | soak | attacks")
     scenario.add_argument("--quick", action="store_true", help="short run (under 3 minutes; pops: under 5)")
     scenario.add_argument("--workdir", type=Path, help="keep logs and policies here")
     scenario.add_argument("--duration", type=float, help="soak only: seconds of load (default 60)")
@@ -275,6 +275,14 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                          "refused before TLS (default 4096; the open-file limit is raised "
                          "to fit, or the cap lowered)")
     _add_quic_limits(gw)
+    gw.add_argument("--max-requests-per-connection", type=int, default=10_000, metavar="N",
+                    help="requests on one connection; then HTTP/1.1 closes after the reply "
+                         "and HTTP/2 drains gracefully (GOAWAY, streams in flight finish) "
+                         "(default 10000)")
+    gw.add_argument("--h2-limit", action="append", default=[], metavar="NAME=VALUE",
+                    help="override one per-connection HTTP/2 flood budget, e.g. "
+                         "pings_per_s=20 (repeatable; names and defaults: docs/security.md, "
+                         "'Front door: HTTP/2')")
     add_trust_arguments(gw)
     gw.set_defaults(run=_run_gateway)
 
@@ -527,7 +535,17 @@ def _run_gateway(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"hedgerow: QUIC limits: {error}", file=sys.stderr)
         return 1
+    if args.max_requests_per_connection < 1:
+        print("hedgerow: --max-requests-per-connection must be at least 1", file=sys.stderr)
+        return 1
+    from gateway.h2_budget import parse_h2_limits
     from gateway.main import default_gateway_id
+
+    try:
+        h2_limits = parse_h2_limits(args.h2_limit)
+    except ValueError as error:
+        print(f"hedgerow: --h2-limit: {error}", file=sys.stderr)
+        return 1
 
     gateway_id = args.gateway_id or default_gateway_id(args.port)
     tls = _internal_tls(args, "gateway", gateway_id, args.control_plane, args.state_dir)
@@ -542,6 +560,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         admin_port=args.admin_port, admin_host=args.admin_host, admin_token=admin_token,
         metrics_token=metrics_token, max_connections=args.max_connections,
         quic=quic_limits,
+        max_requests_per_connection=args.max_requests_per_connection, h2_limits=h2_limits,
     )
     return _run_reporting_setup_errors(
         lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
