@@ -37,7 +37,7 @@ from hedgerow.asgi import (
     stream_until_disconnect,
 )
 from hedgerow.decimal_text import parse_decimal
-from hedgerow.errors import InvalidRequest, PermissionDenied
+from hedgerow.errors import Conflict, InvalidRequest, PermissionDenied, UnknownWorker
 from hedgerow.latest import LatestValue
 from hedgerow.metrics import CONTENT_TYPE
 from hedgerow.trust.identity import Identity
@@ -143,11 +143,22 @@ class ControlPlaneApp:
     async def evict(self, identity: Identity) -> None:
         """A revoked worker leaves the registry at once (its heartbeats are refused)."""
         if identity.role == "worker":
-            await self.registry.ask(Deregister(identity.name), timeout=ASK_TIMEOUT_S)
+            try:
+                await self.registry.ask(Deregister(identity.name), timeout=ASK_TIMEOUT_S)
+            except UnknownWorker:
+                pass  # not registered now: revoked all the same
+
+    def _not_an_upstream(self, worker_id: str) -> None:
+        """A worker may not take the name of an external upstream (and its traffic)."""
+        for record in self.published.value.workers:
+            if record.registration.worker_id == worker_id and record.registration.external:
+                raise Conflict(f"{worker_id!r} is an external upstream's name",
+                               code="name_taken")
 
     async def register(self, request: Request) -> None:
         registration = await parse_body(request, SelfRegistration, "worker registration")
         self._own_worker(registration.worker_id)
+        self._not_an_upstream(registration.worker_id)
         if self.trust is not None and not registration.url.startswith("https://"):
             raise InvalidRequest("a worker's url must be https:// (gateways call workers "
                                  "over mutual TLS)", code="invalid_worker_url")
@@ -163,6 +174,7 @@ class ControlPlaneApp:
         beat = await parse_body(request, Heartbeat, "heartbeat")
         worker_id = request.path_params["worker_id"]
         self._own_worker(worker_id)
+        self._not_an_upstream(worker_id)
         await self.registry.ask(Beat(worker_id, beat.load), timeout=ASK_TIMEOUT_S)
         reply: dict[str, Any] = {"worker_id": worker_id, "lease_s": self.lease_s}
         if self.trust is not None:
@@ -173,6 +185,7 @@ class ControlPlaneApp:
     async def deregister(self, request: Request) -> None:
         worker_id = request.path_params["worker_id"]
         self._own_worker(worker_id)
+        self._not_an_upstream(worker_id)
         await self.registry.ask(Deregister(worker_id), timeout=ASK_TIMEOUT_S)
         await send_json(request.send, 200, {"worker_id": worker_id, "deregistered": True})
 

@@ -92,7 +92,7 @@ async def run_control_plane(
     async with shared_redis(redis_url, redis_tls) as redis, Supervisor() as supervisor:
         if trust is not None and redis is not None:
             # Tokens and revocations reach every replica on this Redis.
-            trust.shared = SharedTrust(redis)
+            trust.shared = SharedTrust(redis, trust.book_mac_key())
             await trust.refresh()
             shared_book = trust.shared
             supervisor.run_service("trust-sync", lambda: shared_book.follow(trust.book))

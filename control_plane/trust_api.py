@@ -101,6 +101,8 @@ class TrustApi:
 
     async def renew(self, request: Request) -> None:
         body = await parse_body(request, RenewBody, "renewal", limit=MAX_BODY)
+        await self.trust.refresh()  # a revocation made through another replica counts
+        self.trust.caller(("gateway", "worker", "admin"))  # checked again after it
         peer = PEER.get()
         assert peer is not None  # the route's role check passed
         with _refusals():

@@ -23,11 +23,12 @@ from pathlib import Path
 import orjson
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from redis.exceptions import RedisError
 
-from control_plane.shared_trust import HOLDERS, REVOKED, TOKENS, SharedTrust
+from control_plane.shared_trust import HOLDERS, REVOKED, TOKENS, SharedTrust, mac_key_for
 from hedgerow.errors import AuthenticationFailed, PermissionDenied
 from hedgerow.trust.ca import ClusterCA, csr_public_key
 from hedgerow.trust.credentials import Credentials
@@ -106,9 +107,11 @@ class TrustService:
         now = self._now()
         public_key = csr_public_key(csr_pem)
         lifetime = self.cert_lifetime if peer.identity.role != "admin" else ADMIN_CERT_TTL
-        self.book.renewed(peer.identity, peer.issued_at.timestamp(), now.timestamp(),
+        self.book.renewed(peer.identity, peer.joined_at.timestamp(), now.timestamp(),
                           cert_expires_at=(now + lifetime).timestamp())
-        cert = self.ca.issue(public_key, peer.identity, lifetime=lifetime, now=now)
+        # The renewal keeps its lineage's join time: a revocation keeps covering it.
+        cert = self.ca.issue(public_key, peer.identity, lifetime=lifetime, now=now,
+                             joined_at=peer.joined_at)
         self._changed.append((HOLDERS, str(peer.identity)))
         self._save_book()
         log.info("renewed %s's certificate (serial %x)", peer.identity, cert.serial_number)
@@ -147,7 +150,7 @@ class TrustService:
             raise AuthenticationFailed(
                 "an internal listener: present a client certificate from the cluster CA",
                 code="client_certificate_required")
-        if self.book.is_revoked(peer.identity, peer.issued_at.timestamp()):
+        if self.book.is_revoked(peer.identity, peer.joined_at.timestamp()):
             raise AuthenticationFailed(f"{peer.identity} is revoked", code="identity_revoked")
         if peer.identity.role not in roles:
             raise PermissionDenied(f"{peer.identity} may not call this "
@@ -164,7 +167,7 @@ class TrustService:
 
     def revoked(self, peer: Peer | None) -> bool:
         return peer is not None and self.book.is_revoked(peer.identity,
-                                                          peer.issued_at.timestamp())
+                                                          peer.joined_at.timestamp())
 
     # --- operators ----------------------------------------------------------
 
@@ -190,6 +193,13 @@ class TrustService:
         self._changed.append((REVOKED, str(identity)))
         self._revoked()
         log.warning("identity %s revoked", identity)
+
+    def book_mac_key(self) -> bytes:
+        """The shared book's HMAC key, derived from the CA's private key."""
+        der = self.ca.key.private_bytes(serialization.Encoding.DER,
+                                        serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption())
+        return mac_key_for(der)
 
     async def refresh(self) -> None:
         """Take in the other replicas' tokens and revocations now (before a join)."""

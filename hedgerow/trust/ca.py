@@ -30,6 +30,7 @@ from hedgerow.trust.pem import cert_pem, write_cert, write_key
 CA_LIFETIME = datetime.timedelta(days=3650)
 # Tolerates this much clock skew between hosts; issuance time is not_before + SKEW.
 SKEW = datetime.timedelta(minutes=1)
+JOINED_PREFIX = "urn:hedgerow:joined:"
 CA_FILE = "ca.pem"
 CA_KEY_FILE = "ca-key.pem"
 
@@ -95,8 +96,13 @@ class ClusterCA:
         now: datetime.datetime,
         dns_names: tuple[str, ...] = (),
         ip_addresses: tuple[str, ...] = (),
+        joined_at: datetime.datetime | None = None,
     ) -> x509.Certificate:
+        """``joined_at``: when this identity's lineage joined (a renewal carries its
+        predecessor's): what revocation compares, so renewing cannot outrun it."""
         names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.uri)]
+        names.append(x509.UniformResourceIdentifier(
+            f"{JOINED_PREFIX}{(joined_at or now).timestamp():.3f}"))
         names += [x509.DNSName(n) for n in dns_names]
         names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
         not_after = min(now + lifetime, self.cert.not_valid_after_utc)
@@ -125,11 +131,12 @@ class ClusterCA:
         return builder.sign(self.key, hashes.SHA256())
 
     def issue_for_csr(self, csr_pem: bytes, identity: Identity, *,
-                      lifetime: datetime.timedelta, now: datetime.datetime) -> x509.Certificate:
+                      lifetime: datetime.timedelta, now: datetime.datetime,
+                      joined_at: datetime.datetime | None = None) -> x509.Certificate:
         """A certificate for the key in ``csr_pem``; the identity is ours to decide,
         whatever the request asks for. Raises ``CaError`` for a bad request."""
         public_key = csr_public_key(csr_pem)
-        return self.issue(public_key, identity, lifetime=lifetime, now=now)
+        return self.issue(public_key, identity, lifetime=lifetime, now=now, joined_at=joined_at)
 
 
 def csr_public_key(csr_pem: bytes) -> ec.EllipticCurvePublicKey:
@@ -155,6 +162,25 @@ def make_csr(key: ec.EllipticCurvePrivateKey, identity: Identity) -> bytes:
 
 def issued_at(cert: x509.Certificate) -> datetime.datetime:
     return cert.not_valid_before_utc + SKEW
+
+
+def joined_at(cert: x509.Certificate) -> datetime.datetime:
+    """When the certificate's lineage joined (its ``urn:hedgerow:joined:`` URI);
+    a certificate without one (an operator's own) counts from its issue."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return issued_at(cert)
+    for uri in san.get_values_for_type(x509.UniformResourceIdentifier):
+        if uri.startswith(JOINED_PREFIX):
+            try:
+                value = float(uri[len(JOINED_PREFIX):])
+            except ValueError:
+                break
+            if value == value and abs(value) < 1e11:  # finite and sane
+                return datetime.datetime.fromtimestamp(value, datetime.UTC)
+            break
+    return issued_at(cert)
 
 
 def fingerprint(cert: x509.Certificate) -> str:

@@ -20,7 +20,7 @@ Role = Literal["control-plane", "gateway", "worker", "admin"]
 ROLES: tuple[Role, ...] = get_args(Role)
 TRUST_DOMAIN = "hedgerow"
 _PREFIX = f"spiffe://{TRUST_DOMAIN}/"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class IdentityError(ValueError):
@@ -35,7 +35,7 @@ class Identity:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise IdentityError(f"unknown role {self.role!r}: one of {', '.join(ROLES)}")
-        if not NAME_PATTERN.match(self.name):
+        if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
             raise IdentityError(
                 f"invalid name {self.name!r}: 1-128 characters of letters, digits, '.', '_' "
                 "and '-', starting with a letter or digit")

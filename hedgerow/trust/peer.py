@@ -20,7 +20,7 @@ from typing import Any
 from cryptography import x509
 from hypercorn.asyncio.tcp_server import TCPServer
 
-from hedgerow.trust.ca import issued_at
+from hedgerow.trust.ca import issued_at, joined_at
 from hedgerow.trust.identity import Identity, identity_of
 
 _ORIGINAL = "_hedgerow_original_run"
@@ -31,6 +31,7 @@ class Peer:
     identity: Identity
     issued_at: datetime.datetime
     not_after: datetime.datetime
+    joined_at: datetime.datetime  # its lineage's join: what revocation compares
 
 
 PEER: ContextVar[Peer | None] = ContextVar("hedgerow_peer", default=None)
@@ -47,7 +48,7 @@ def peer_of(der: bytes | None) -> Peer | None:
     identity = identity_of(cert)
     if identity is None:
         return None
-    return Peer(identity, issued_at(cert), cert.not_valid_after_utc)
+    return Peer(identity, issued_at(cert), cert.not_valid_after_utc, joined_at(cert))
 
 
 def install_peer_capture() -> None:
@@ -84,7 +85,7 @@ class Revocations:
 
     def revoked(self, peer: Peer) -> bool:
         when = self._revoked.get(str(peer.identity))
-        return when is not None and peer.issued_at.timestamp() <= when
+        return when is not None and peer.joined_at.timestamp() <= when
 
 
 def require_roles(app: Any, roles: tuple[str, ...],

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
 import secrets
 from dataclasses import asdict, dataclass, field, replace
@@ -116,32 +117,36 @@ class TrustBook:
         holder = self.holders.get(key)
         holder_revoked = (self._token_revoked(holder.token_id) if holder else False) or (
             holder is not None and revoked_at is not None and revoked_at >= holder.joined_at)
-        if holder is not None and holder.token_id != token.token_id \
-                and holder.cert_expires_at > now and not holder_revoked:
-            raise JoinRefused(f"{identity} is held by another joiner until its certificate "
+        # Whatever the token (the same fleet token, or a name-bound one redeemed
+        # again): a live holder keeps its name, so a leaked token cannot take it.
+        if holder is not None and holder.cert_expires_at > now and not holder_revoked:
+            raise JoinRefused(f"{identity} is held by a joiner until its certificate "
                               "expires; pick another name or revoke it first", 409)
         self.holders[key] = Holder(token.token_id, now, cert_expires_at)
         return identity
 
-    def renewed(self, identity: Identity, issued_at: float, now: float, *,
+    def renewed(self, identity: Identity, joined_at: float, now: float, *,
                 cert_expires_at: float) -> None:
-        """Record a renewal by a caller that presented a certificate issued at
-        ``issued_at``. Raises ``JoinRefused`` if that certificate is revoked."""
-        if self.is_revoked(identity, issued_at):
+        """Record a renewal by a caller whose certificate descends from a join at
+        ``joined_at``. Raises ``JoinRefused`` if that lineage is revoked."""
+        if self.is_revoked(identity, joined_at):
             raise JoinRefused(f"{identity} is revoked", 403)
         key = str(identity)
         holder = self.holders.get(key)
         if holder is not None:
             self.holders[key] = replace(holder, cert_expires_at=cert_expires_at)
 
-    def is_revoked(self, identity: Identity, issued_at: float) -> bool:
-        """Whether a certificate of ``identity`` issued at ``issued_at`` is revoked."""
+    def is_revoked(self, identity: Identity, joined_at: float) -> bool:
+        """Whether a certificate of ``identity`` whose lineage began with a join at
+        ``joined_at`` is revoked. Renewals carry the join time forward (a URI in
+        the certificate), so a revoked identity cannot outrun its revocation by
+        renewing, through this replica or another."""
         key = str(identity)
         revoked_at = self.revoked.get(key)
-        if revoked_at is not None and issued_at <= revoked_at:
+        if revoked_at is not None and joined_at <= revoked_at:
             return True
         holder = self.holders.get(key)
-        return holder is not None and issued_at <= self._token_revoked_at(holder.token_id)
+        return holder is not None and joined_at <= self._token_revoked_at(holder.token_id)
 
     def revoke_identity(self, identity: Identity, now: float) -> None:
         self.revoked[str(identity)] = now
@@ -174,7 +179,8 @@ class TrustBook:
                     mine.joined_at, mine.cert_expires_at):
                 self.holders[key] = theirs_holder
         for key, when in other.revoked.items():
-            self.revoked[key] = max(when, self.revoked.get(key, when))
+            if math.isfinite(when):  # a NaN would make max() forget a revocation
+                self.revoked[key] = max(when, self.revoked.get(key, when))
 
     def forget_old(self, now: float) -> None:
         for token_id, token in list(self.tokens.items()):

@@ -56,8 +56,11 @@ def test_a_name_held_by_another_joiner_is_refused_until_its_certificate_expires(
     with pytest.raises(JoinRefused) as refused:
         book.redeem(second, "cpu-1", T0 + 10, cert_expires_at=T0 + 10 + HOUR)
     assert refused.value.status == 409
-    # The same token may join the same name again (a restarted worker).
-    book.redeem(first, "cpu-1", T0 + 20, cert_expires_at=T0 + 20 + HOUR)
+    # Not even the holder's own token takes it again while it is held: a leaked
+    # fleet token (or a name-bound one redeemed twice) cannot steal a live name.
+    with pytest.raises(JoinRefused) as again:
+        book.redeem(first, "cpu-1", T0 + 20, cert_expires_at=T0 + 20 + HOUR)
+    assert again.value.status == 409
     # After the holder's certificate lapsed, the name is free.
     assert book.redeem(second, "cpu-1", T0 + 2 * HOUR, cert_expires_at=T0 + 3 * HOUR)
 
@@ -73,9 +76,9 @@ def test_a_token_bound_to_a_name_joins_only_as_that_name() -> None:
 def test_revoking_an_identity_kills_its_certificates_and_a_leaked_old_token_cannot_undo_it() -> None:
     book, token = book_with()
     identity = book.redeem(token, "w1", T0, cert_expires_at=T0 + HOUR)
-    assert not book.is_revoked(identity, issued_at=T0)
+    assert not book.is_revoked(identity, joined_at=T0)
     book.revoke_identity(identity, T0 + 100)
-    assert book.is_revoked(identity, issued_at=T0)
+    assert book.is_revoked(identity, joined_at=T0)
     with pytest.raises(JoinRefused):
         book.renewed(identity, T0, T0 + 200, cert_expires_at=T0 + HOUR)
     with pytest.raises(JoinRefused) as refused:
@@ -83,7 +86,7 @@ def test_revoking_an_identity_kills_its_certificates_and_a_leaked_old_token_cann
     assert refused.value.status == 403
     fresh, _ = book.create_token("worker", T0 + 400)
     rejoined = book.redeem(fresh, "w1", T0 + 500, cert_expires_at=T0 + HOUR)
-    assert not book.is_revoked(rejoined, issued_at=T0 + 500)
+    assert not book.is_revoked(rejoined, joined_at=T0 + 500)
 
 
 def test_revoking_a_token_revokes_everyone_who_joined_with_it() -> None:
@@ -106,5 +109,33 @@ def test_the_book_survives_a_round_trip_through_its_json_and_keeps_no_secret() -
     data = book.to_json()
     assert token.split(".")[2] not in repr(data)
     again = TrustBook.from_json(data)
-    assert again.redeem(token, "w1", T0 + 1, cert_expires_at=T0 + HOUR) == Identity("worker", "w1")
+    assert again.redeem(token, "w2", T0 + 1, cert_expires_at=T0 + HOUR) == Identity("worker", "w2")
+    assert "worker/w1" in again.holders
     assert again.is_revoked(Identity("worker", "x"), T0 - 1)
+
+
+def test_a_renewed_lineage_stays_revoked_whenever_it_was_renewed() -> None:
+    """Renewals carry the join time: a certificate renewed after the revocation
+    (through another replica, say) is as revoked as the one it replaced."""
+    book, token = book_with()
+    identity = book.redeem(token, "w1", T0, cert_expires_at=T0 + HOUR)
+    book.renewed(identity, T0, T0 + 100, cert_expires_at=T0 + 100 + HOUR)
+    book.revoke_identity(identity, T0 + 200)
+    assert book.is_revoked(identity, joined_at=T0)  # issued at T0 + 300 or not
+    with pytest.raises(JoinRefused):
+        book.renewed(identity, T0, T0 + 300, cert_expires_at=T0 + 300 + HOUR)
+
+
+def test_a_non_finite_revocation_from_another_book_cannot_erase_one() -> None:
+    ours, theirs = TrustBook(), TrustBook()
+    ours.revoke_identity(Identity("admin", "root"), T0)
+    theirs.revoked["admin/root"] = float("nan")
+    ours.merge(theirs)
+    assert ours.revoked["admin/root"] == T0
+
+
+def test_names_with_a_trailing_newline_are_not_identities() -> None:
+    book, token = book_with()
+    with pytest.raises(JoinRefused) as refused:
+        book.redeem(token, "cpu-7\n", T0, cert_expires_at=T0 + HOUR)
+    assert refused.value.status == 400
