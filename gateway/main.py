@@ -18,6 +18,7 @@ from gateway.cache import ResponseCache
 from gateway.connection_cap import DEFAULT_MAX_CONNECTIONS, ConnectionCap, fit_file_limit
 from gateway.cors import CorsMiddleware
 from gateway.security_headers import SecurityHeaders
+from gateway.source_limits import SourceLimits, SourceLimitsConfig
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain
 from gateway.devcert import ensure_dev_certificate
@@ -78,6 +79,9 @@ class GatewayOptions:
     metrics_token: str | None = None
     # Open TCP connections; beyond it new ones are closed at accept, before TLS.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # Per client IP and /24 (IPv6: /64), checked at accept before the cap above:
+    # open connections and new connections per second (``gateway.source_limits``).
+    source_limits: SourceLimitsConfig = SourceLimitsConfig()
     # Mutual TLS to the control plane and workers, and on the admin listener;
     # None: plain HTTP (--insecure-internal, and tests of the gateway alone).
     internal_tls: InternalTls | None = None
@@ -130,7 +134,8 @@ async def run_gateway(
                              Dispatcher(scheduler, workers, policy), cache=cache,
                              awaiting_policy=following)
             app.metrics.watch_cache(cache.stats)
-            connections = ConnectionCap(fit_file_limit(options.max_connections))
+            connections = ConnectionCap(fit_file_limit(options.max_connections),
+                                        SourceLimits(options.source_limits))
             app.metrics.watch_connections(connections.stats)
             edge = CorsMiddleware(app, policy.cors, app.router.serves)
 

@@ -35,7 +35,10 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
 - From ``ConnectionCap.stats()`` at scrape time (``watch_connections``):
   ``hedgerow_connections_open`` (TCP and QUIC connections open now,
   handshakes included), ``hedgerow_connections_limit`` (``--max-connections``) and
-  ``hedgerow_connections_refused_total`` (refused before TLS: at the cap).
+  ``hedgerow_connections_refused_total`` (refused before TLS: at the cap); with
+  per-client limits, ``hedgerow_connections_refused_per_client_total{limit}``,
+  ``hedgerow_connection_sources{state}`` and
+  ``hedgerow_connection_sources_forgotten_total``.
 
 The scheduler's own counters and gauges are read from its ``Stats`` snapshot
 at scrape time: ``hedgerow_shed_total{reason}``, ``hedgerow_hedges_total{outcome}``
@@ -282,6 +285,25 @@ def connection_families(stats: Mapping[str, Any]) -> list[Metric]:
         _counter("hedgerow_connections_refused_total", "Connections refused before TLS "
                  "(TCP closed at accept, QUIC Initials dropped) at the connection limit.", None,
                  {"": stats["refused"]}),
+        *_source_families(stats.get("sources")),
+    ]
+
+
+def _source_families(stats: Mapping[str, Any] | None) -> list[Metric]:
+    """The per-client limits' counts (``SourceLimits.stats``); none when they are off."""
+    if not stats:
+        return []
+    return [
+        _counter("hedgerow_connections_refused_per_client_total", "TCP connections closed "
+                 "at accept, before TLS, by a per-client limit: ip_open/prefix_open "
+                 "(--max-connections-per-ip/-prefix), ip_rate/prefix_rate "
+                 "(--new-connections-per-ip/-prefix).", "limit", stats["refused"]),
+        _gauge("hedgerow_connection_sources", "Client IPs and prefixes tracked: open (with "
+               "connections open) and idle (a rate bucket still refilling).", "state",
+               {"open": stats["open_sources"], "idle": stats["idle_sources"]}),
+        _counter("hedgerow_connection_sources_forgotten_total", "Idle client sources "
+                 "dropped from the full table (least recently seen first).", None,
+                 {"": stats["forgotten"]}),
     ]
 
 

@@ -273,6 +273,25 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="open connections (TCP and QUIC) at most; beyond it new ones are "
                          "refused before TLS (default 4096; the open-file limit is raised "
                          "to fit, or the cap lowered)")
+    from gateway.source_limits import BURST_S, SourceLimitsConfig  # light: no I/O, no deps
+
+    limits = SourceLimitsConfig()
+    gw.add_argument("--max-connections-per-ip", type=int, default=limits.max_open_per_ip,
+                    metavar="N", help="open TCP connections from one client IP at most; "
+                    f"beyond it new ones are closed before TLS (default {limits.max_open_per_ip}; "
+                    "0: no limit)")
+    gw.add_argument("--max-connections-per-prefix", type=int,
+                    default=limits.max_open_per_prefix, metavar="N",
+                    help="the same for one /24 (IPv4) or /64 (IPv6) "
+                         f"(default {limits.max_open_per_prefix}; 0: no limit)")
+    gw.add_argument("--new-connections-per-ip", type=float, default=limits.rate_per_ip,
+                    metavar="PER_S", help="new TCP connections per second from one client IP, "
+                    f"with a burst of {BURST_S:g} s worth; beyond it they are closed before TLS "
+                    f"(default {limits.rate_per_ip:g}; 0: no limit)")
+    gw.add_argument("--new-connections-per-prefix", type=float,
+                    default=limits.rate_per_prefix, metavar="PER_S",
+                    help="the same for one /24 (IPv4) or /64 (IPv6) "
+                         f"(default {limits.rate_per_prefix:g}; 0: no limit)")
     add_trust_arguments(gw)
     gw.set_defaults(run=_run_gateway)
 
@@ -477,6 +496,17 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if args.max_connections < 1:
         print("hedgerow: --max-connections must be at least 1", file=sys.stderr)
         return 1
+    from gateway.source_limits import SourceLimitsConfig
+
+    try:
+        source_limits = SourceLimitsConfig(
+            max_open_per_ip=args.max_connections_per_ip,
+            max_open_per_prefix=args.max_connections_per_prefix,
+            rate_per_ip=args.new_connections_per_ip,
+            rate_per_prefix=args.new_connections_per_prefix)
+    except ValueError as error:
+        print(f"hedgerow: per-client connection limits: {error}", file=sys.stderr)
+        return 1
     from gateway.main import default_gateway_id
 
     gateway_id = args.gateway_id or default_gateway_id(args.port)
@@ -491,6 +521,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         redis_tls=_redis_tls(args), pop=args.pop,
         admin_port=args.admin_port, admin_host=args.admin_host, admin_token=admin_token,
         metrics_token=metrics_token, max_connections=args.max_connections,
+        source_limits=source_limits,
     )
     return _run_reporting_setup_errors(
         lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
