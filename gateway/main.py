@@ -15,6 +15,7 @@ from control_plane.admin_auth import admin_bind_host
 from gateway.admin import GatewayAdmin
 from gateway.app import GatewayApp
 from gateway.cache import ResponseCache
+from gateway.cert_reload import DEFAULT_POLL_S, CertificateReloader
 from gateway.connection_cap import DEFAULT_MAX_CONNECTIONS, ConnectionCap, fit_file_limit
 from gateway.cors import CorsMiddleware
 from gateway.security_headers import SecurityHeaders
@@ -82,6 +83,9 @@ class GatewayOptions:
     # Per client IP and /24 (IPv6: /64), checked at accept before the cap above:
     # open connections and new connections per second (``gateway.source_limits``).
     source_limits: SourceLimitsConfig = SourceLimitsConfig()
+    # How often the public certificate and key are checked for a change (and
+    # reloaded); 0: only on SIGHUP.
+    certificate_poll_s: float = DEFAULT_POLL_S
     # Mutual TLS to the control plane and workers, and on the admin listener;
     # None: plain HTTP (--insecure-internal, and tests of the gateway alone).
     internal_tls: InternalTls | None = None
@@ -156,6 +160,10 @@ async def run_gateway(
             else:
                 log.info("policy pinned to %s (not following the control plane)",
                          options.policy_path)
+            certificates = CertificateReloader(certfile, keyfile,
+                                               poll_s=options.certificate_poll_s)
+            app.metrics.watch_certificates(certificates.stats)
+            supervisor.run_service("certificate-reloader", certificates.run)
             config = build_config(host=options.host, port=options.port,
                                   certfile=certfile, keyfile=keyfile,
                                   graceful_timeout_s=options.drain_timeout_s + DRAIN_GRACE_S)
@@ -171,7 +179,8 @@ async def run_gateway(
                     await _serve_admin(tg, admin, options, shutdown, tls)
                 else:
                     log.info("no --admin-port: metrics and the cache admin API are not served")
-                port = await tg.start(functools.partial(serve, connection_cap=connections),
+                port = await tg.start(functools.partial(serve, connection_cap=connections,
+                                                        certificates=certificates),
                                       SecurityHeaders(edge), config, drain_on_shutdown)
                 hosts = [options.host] if isinstance(options.host, str) else options.host
                 log.info("gateway listening on %s (h1, h2, h3)", ", ".join(

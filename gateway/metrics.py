@@ -39,6 +39,9 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
   per-client limits, ``hedgerow_connections_refused_per_client_total{limit}``,
   ``hedgerow_connection_sources{state}`` and
   ``hedgerow_connection_sources_forgotten_total``.
+- From ``CertificateReloader.stats()`` (``watch_certificates``):
+  ``hedgerow_certificate_reloads_total{result}`` and, after a reload,
+  ``hedgerow_certificate_not_after_seconds``.
 
 The scheduler's own counters and gauges are read from its ``Stats`` snapshot
 at scrape time: ``hedgerow_shed_total{reason}``, ``hedgerow_hedges_total{outcome}``
@@ -114,6 +117,7 @@ class GatewayMetrics:
         self.scheduler = SchedulerCollector(r)
         self.cache_stats = StatsCollector(r, cache_families)
         self.connection_stats = StatsCollector(r, connection_families)
+        self.certificate_stats = StatsCollector(r, certificate_families)
         # Labelled children resolved once per label set, not per request
         # (``labels()`` builds a key, and prometheus_client's takes a lock, on
         # every call). At most RESOLVED_MAX label sets are remembered.
@@ -148,6 +152,10 @@ class GatewayMetrics:
     def watch_connections(self, stats: Callable[[], Mapping[str, Any]]) -> None:
         """Export the connection cap's counts (``ConnectionCap.stats``) on scrape."""
         self.connection_stats.stats = stats
+
+    def watch_certificates(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the certificate reloader's counts (``CertificateReloader.stats``) on scrape."""
+        self.certificate_stats.stats = stats
 
     def cache_lookup(self, result: str) -> None:
         counter = self._cache.get(result)
@@ -305,6 +313,23 @@ def _source_families(stats: Mapping[str, Any] | None) -> list[Metric]:
                  "dropped from the full table (least recently seen first).", None,
                  {"": stats["forgotten"]}),
     ]
+
+
+def certificate_families(stats: Mapping[str, Any]) -> list[Metric]:
+    """``CertificateReloader.stats()`` as metric families (sans-IO); none without one."""
+    if not stats:
+        return []
+    families: list[Metric] = [
+        _counter("hedgerow_certificate_reloads_total", "Reloads of the public certificate "
+                 "and key (--certfile/--keyfile) after they changed or on SIGHUP: loaded, or "
+                 "refused (unreadable, or a key that does not match; the old pair serves on).",
+                 "result", {"loaded": stats["reloads"], "refused": stats["failures"]}),
+    ]
+    if stats.get("not_after") is not None:
+        families.append(_gauge("hedgerow_certificate_not_after_seconds", "When the public "
+                               "certificate last reloaded expires (POSIX seconds).", None,
+                               {"": stats["not_after"]}))
+    return families
 
 
 def cache_families(stats: Mapping[str, Any]) -> list[Metric]:

@@ -47,6 +47,8 @@ from hypercorn.events import Closed
 from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
+from gateway.cert_reload import (ACTIVE_CERTIFICATES, CertificateReloader,
+                                 install_quic_certificate_registry, register_tls_context)
 from gateway.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
 from gateway.h2_guard import install_h2_guard
 from gateway.quic_cap import install_quic_cap
@@ -115,6 +117,7 @@ class TlsConfig(Config):
         # OP_NO_TICKET: session tickets are how returning TLS clients resume.
         context.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_CIPHER_SERVER_PREFERENCE
         context.options &= ~ssl.OP_NO_TICKET
+        register_tls_context(context)  # the certificate reloader in force, if any
         return context
 
 
@@ -175,6 +178,7 @@ async def serve(
     shutdown_trigger: ShutdownTrigger,
     *,
     connection_cap: ConnectionCap | None = None,
+    certificates: CertificateReloader | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown_trigger()`` returns, then drain and return.
@@ -183,6 +187,8 @@ async def serve(
     TCP connections beyond its limit are closed at accept (``gateway.connection_cap``). Cancelling ``serve`` also
     drains gracefully (bounded by ``config.graceful_timeout``) before the
     cancellation propagates, so listeners are never abandoned half-open.
+    With ``certificates``, the listeners' TLS and QUIC contexts are registered
+    with it, so it can load a renewed certificate into them (``gateway.cert_reload``).
     A failure inside hypercorn (e.g. the app's lifespan startup) propagates
     wrapped in an ExceptionGroup, as from any anyio task group.
     """
@@ -194,7 +200,7 @@ async def serve(
         stop = anyio.Event()
         async with anyio.create_task_group() as task_group:
             task_group.start_soon(_serve_until_stopped, app, config, listeners, stop,
-                                  connection_cap)
+                                  connection_cap, certificates)
             try:
                 await shutdown_trigger()
             finally:
@@ -207,11 +213,13 @@ async def serve(
 
 async def _serve_until_stopped(
     app: ASGIFramework, config: Config, listeners: Listeners, stop: anyio.Event,
-    connection_cap: ConnectionCap | None,
+    connection_cap: ConnectionCap | None, certificates: CertificateReloader | None = None,
 ) -> None:
     # This task's own context: hypercorn's worker, started from it, opens its
-    # TLS listeners through the cap (``HypercornAsyncio.start_server``).
+    # TLS listeners through the cap (``HypercornAsyncio.start_server``) and
+    # builds its TLS and QUIC contexts where the certificate reloader sees them.
     ACTIVE_CAP.set(connection_cap)
+    ACTIVE_CERTIFICATES.set(certificates)
     # Shielded: hypercorn's shutdown path awaits (closing servers, draining
     # connections); under a cancelled scope those awaits would be cut short.
     # ``stop`` is what ends it, and the caller sets it on cancellation too.
@@ -337,7 +345,7 @@ def _with_alt_svc(config: Config, listeners: Listeners) -> Config:
 
 
 def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
-    """Fill seven gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
+    """Fill eight gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
 
     1. ``hypercorn/protocol/quic.py`` builds ``QuicConnection(configuration=...,
        original_destination_connection_id=...)`` without aioquic's
@@ -360,11 +368,15 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
        (``hedgerow.hypercorn_eof``).
     7. QUIC connections were not bounded at all: they take slots of the same
        ``ConnectionCap`` (``gateway.quic_cap``).
+    8. The QUIC certificate was read once per listener, out of reach: each
+       ``QuicProtocol``'s configuration is registered with the certificate
+       reloader in force (``gateway.cert_reload``).
     """
     install_h2_guard()
     install_write_coalescing()
     install_eof_fix()
     install_quic_cap()
+    install_quic_certificate_registry()
     hooks = tickets.hooks()
     hypercorn.protocol.quic.QuicConnection = functools.partial(  # type: ignore[misc]
         aioquic.quic.connection.QuicConnection,

@@ -292,6 +292,10 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     default=limits.rate_per_prefix, metavar="PER_S",
                     help="the same for one /24 (IPv4) or /64 (IPv6) "
                          f"(default {limits.rate_per_prefix:g}; 0: no limit)")
+    gw.add_argument("--certificate-poll-s", type=float, default=5.0, metavar="S",
+                    help="check --certfile/--keyfile for a change this often and load a "
+                         "changed pair without dropping connections (default 5; 0: only on "
+                         "SIGHUP, which always reloads)")
     add_trust_arguments(gw)
     gw.set_defaults(run=_run_gateway)
 
@@ -496,6 +500,9 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if args.max_connections < 1:
         print("hedgerow: --max-connections must be at least 1", file=sys.stderr)
         return 1
+    if not args.certificate_poll_s >= 0:
+        print("hedgerow: --certificate-poll-s must be 0 or more", file=sys.stderr)
+        return 1
     from gateway.source_limits import SourceLimitsConfig
 
     try:
@@ -521,7 +528,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         redis_tls=_redis_tls(args), pop=args.pop,
         admin_port=args.admin_port, admin_host=args.admin_host, admin_token=admin_token,
         metrics_token=metrics_token, max_connections=args.max_connections,
-        source_limits=source_limits,
+        source_limits=source_limits, certificate_poll_s=args.certificate_poll_s,
     )
     return _run_reporting_setup_errors(
         lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
