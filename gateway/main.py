@@ -27,7 +27,8 @@ from gateway.follower import RegistryFollower
 from gateway.policy_follower import PolicyFollower, RunningPolicy
 from gateway.scheduler import SchedulerActor
 from gateway.shared_limits import SharedLimitsScheduler, open_shared_limits
-from gateway.transport import build_config, local_hosts, serve
+from gateway.ticket_keys import DEFAULT_ROTATION_S
+from gateway.transport import QUIC_SESSION_TICKETS, build_config, local_hosts, serve
 from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
@@ -86,6 +87,9 @@ class GatewayOptions:
     # How often the public certificate and key are checked for a change (and
     # reloaded); 0: only on SIGHUP.
     certificate_poll_s: float = DEFAULT_POLL_S
+    # TLS session ticket keys (TCP) and QUIC tickets rotate this often; a
+    # ticket resumes for one more period after its own (1-2 periods in all).
+    ticket_rotation_s: float = DEFAULT_ROTATION_S
     # Mutual TLS to the control plane and workers, and on the admin listener;
     # None: plain HTTP (--insecure-internal, and tests of the gateway alone).
     internal_tls: InternalTls | None = None
@@ -166,7 +170,12 @@ async def run_gateway(
             supervisor.run_service("certificate-reloader", certificates.run)
             config = build_config(host=options.host, port=options.port,
                                   certfile=certfile, keyfile=keyfile,
-                                  graceful_timeout_s=options.drain_timeout_s + DRAIN_GRACE_S)
+                                  graceful_timeout_s=options.drain_timeout_s + DRAIN_GRACE_S,
+                                  ticket_rotation_s=options.ticket_rotation_s)
+            ring = getattr(config, "ticket_keys", None)
+            app.metrics.watch_tickets(lambda: {
+                "tcp": ring.stats() if ring is not None else {},
+                "quic": QUIC_SESSION_TICKETS.statistics()})
             async with anyio.create_task_group() as tg:
 
                 async def drain_on_shutdown() -> None:

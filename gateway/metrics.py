@@ -42,6 +42,8 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
 - From ``CertificateReloader.stats()`` (``watch_certificates``):
   ``hedgerow_certificate_reloads_total{result}`` and, after a reload,
   ``hedgerow_certificate_not_after_seconds``.
+- Session tickets (``watch_tickets``): ``hedgerow_tls_ticket_key_rotations_total``,
+  ``hedgerow_tls_tickets_total{event}`` (TCP) and ``hedgerow_quic_tickets_total{event}``.
 
 The scheduler's own counters and gauges are read from its ``Stats`` snapshot
 at scrape time: ``hedgerow_shed_total{reason}``, ``hedgerow_hedges_total{outcome}``
@@ -118,6 +120,7 @@ class GatewayMetrics:
         self.cache_stats = StatsCollector(r, cache_families)
         self.connection_stats = StatsCollector(r, connection_families)
         self.certificate_stats = StatsCollector(r, certificate_families)
+        self.ticket_stats = StatsCollector(r, ticket_families)
         # Labelled children resolved once per label set, not per request
         # (``labels()`` builds a key, and prometheus_client's takes a lock, on
         # every call). At most RESOLVED_MAX label sets are remembered.
@@ -156,6 +159,10 @@ class GatewayMetrics:
     def watch_certificates(self, stats: Callable[[], Mapping[str, Any]]) -> None:
         """Export the certificate reloader's counts (``CertificateReloader.stats``) on scrape."""
         self.certificate_stats.stats = stats
+
+    def watch_tickets(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the TCP ticket key ring's and the QUIC ticket store's counts on scrape."""
+        self.ticket_stats.stats = stats
 
     def cache_lookup(self, result: str) -> None:
         counter = self._cache.get(result)
@@ -329,6 +336,33 @@ def certificate_families(stats: Mapping[str, Any]) -> list[Metric]:
         families.append(_gauge("hedgerow_certificate_not_after_seconds", "When the public "
                                "certificate last reloaded expires (POSIX seconds).", None,
                                {"": stats["not_after"]}))
+    return families
+
+
+def ticket_families(stats: Mapping[str, Any]) -> list[Metric]:
+    """Session ticket counts, TCP (``TicketKeyRing.stats``) and QUIC
+    (``QuicTicketStore.statistics``), as metric families (sans-IO)."""
+    families: list[Metric] = []
+    tcp = stats.get("tcp")
+    if tcp:
+        families += [
+            _counter("hedgerow_tls_ticket_key_rotations_total", "TCP session ticket keys "
+                     "replaced on schedule (--tls-ticket-rotation-s).", None,
+                     {"": tcp["rotations"]}),
+            _counter("hedgerow_tls_tickets_total", "TCP session tickets sealed, and presented "
+                     "ones opened with the current key, the previous key (the grace after a "
+                     "rotation) or none (a full handshake).", "event",
+                     {"sealed": tcp["sealed"], **{f"opened_{k}": v
+                                                  for k, v in tcp["opened"].items()}}),
+        ]
+    quic = stats.get("quic")
+    if quic is not None:
+        families.append(_counter(
+            "hedgerow_quic_tickets_total", "QUIC session tickets issued, resumed, and not "
+            "resumed: unknown (missed), expired, retired by rotation, evicted (store full).",
+            "event", {"issued": quic.issued, "resumed": quic.resumed, "missed": quic.missed,
+                      "expired": quic.expired, "rotated": quic.rotated,
+                      "evicted": quic.evicted}))
     return families
 
 

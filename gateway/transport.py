@@ -7,9 +7,10 @@ Every h1/h2 response advertises ``alt-svc: h3=":P"; ma=3600``, so clients
 that start on TCP can move to HTTP/3.
 
 Returning clients resume instead of repeating the full handshake: on TCP with
-TLS 1.3 session tickets (OpenSSL issues two per connection, and the ticket key
-lives as long as the server's one ``SSLContext``); on QUIC with tickets kept
-in ``QUIC_SESSION_TICKETS`` (see ``install_hypercorn_patches``). Nagle is off
+TLS 1.3 (and 1.2) session tickets (OpenSSL issues two per connection), sealed
+under keys rotated every ``ticket_rotation_s`` (``gateway.ticket_keys``); on
+QUIC with tickets kept in ``QUIC_SESSION_TICKETS`` (see
+``install_hypercorn_patches``), retired on the same schedule. Nagle is off
 (``TCP_NODELAY``) on the listening sockets and, through asyncio, on every
 accepted one, so each SSE token leaves as soon as it is written.
 
@@ -28,6 +29,7 @@ import logging
 
 import asyncio
 import copy
+import datetime
 import errno
 import functools
 import socket
@@ -56,6 +58,7 @@ from gateway.write_coalescing import install_write_coalescing
 from hedgerow.hypercorn_eof import install_eof_fix
 from hedgerow.decimal_text import parse_decimal
 from gateway.quic_tickets import QuicTicketStore
+from gateway.ticket_keys import DEFAULT_ROTATION_S, TicketKeyRing, install_ticket_keys
 
 __all__ = [
     "QUIC_SESSION_TICKETS",
@@ -108,6 +111,10 @@ ShutdownTrigger = Callable[[], Awaitable[object]]
 class TlsConfig(Config):
     """Hypercorn's config with its TLS context repaired for a public edge."""
 
+    # Seals and opens the TCP session tickets (None: OpenSSL's one key for the
+    # context's life). Shared by copies of the config, as the context is.
+    ticket_keys: TicketKeyRing | None = None
+
     def create_ssl_context(self) -> ssl.SSLContext | None:
         context = super().create_ssl_context()
         if context is None:
@@ -118,6 +125,8 @@ class TlsConfig(Config):
         context.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_CIPHER_SERVER_PREFERENCE
         context.options &= ~ssl.OP_NO_TICKET
         register_tls_context(context)  # the certificate reloader in force, if any
+        if self.ticket_keys is not None:
+            install_ticket_keys(context, self.ticket_keys)  # warns if it cannot
         return context
 
 
@@ -141,11 +150,14 @@ def build_config(
     keyfile: Path,
     http3: bool = True,
     graceful_timeout_s: float = 5.0,
+    ticket_rotation_s: float | None = DEFAULT_ROTATION_S,
 ) -> Config:
     """Hypercorn config for TLS on TCP (h2, http/1.1) and, if http3, QUIC on UDP.
 
     ``host`` is one IP literal or several (e.g. ``["127.0.0.1", "::1"]``);
     all share ``port``. Port 0 means "pick one free on TCP and UDP alike".
+    Session ticket keys (TCP) and tickets (QUIC) are rotated every
+    ``ticket_rotation_s`` (None: never, OpenSSL's and aioquic's defaults).
     """
     hosts = [host] if isinstance(host, str) else list(host)
     if not hosts:
@@ -169,6 +181,8 @@ def build_config(
     config.h11_max_incomplete_size = MAX_HEADER_BYTES
     config.h2_max_header_list_size = H2_MAX_HEADER_LIST_BYTES
     config.read_timeout = None
+    if ticket_rotation_s is not None:
+        config.ticket_keys = TicketKeyRing(ticket_rotation_s)
     return config
 
 
@@ -193,6 +207,9 @@ async def serve(
     wrapped in an ExceptionGroup, as from any anyio task group.
     """
     install_hypercorn_patches(QUIC_SESSION_TICKETS)
+    ring = getattr(config, "ticket_keys", None)
+    QUIC_SESSION_TICKETS.rotate_every(
+        None if ring is None else datetime.timedelta(seconds=ring.period_s))
     listeners = bind_listeners(config)
     try:
         config = _with_alt_svc(config, listeners)

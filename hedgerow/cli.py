@@ -296,6 +296,10 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="check --certfile/--keyfile for a change this often and load a "
                          "changed pair without dropping connections (default 5; 0: only on "
                          "SIGHUP, which always reloads)")
+    gw.add_argument("--tls-ticket-rotation-s", type=float, default=3600.0, metavar="S",
+                    help="rotate the TLS session ticket keys (TCP) and retire QUIC tickets "
+                         "this often; a ticket resumes during its period and the next "
+                         "(default 3600)")
     add_trust_arguments(gw)
     gw.set_defaults(run=_run_gateway)
 
@@ -500,6 +504,9 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if args.max_connections < 1:
         print("hedgerow: --max-connections must be at least 1", file=sys.stderr)
         return 1
+    if not 0 < args.tls_ticket_rotation_s < float("inf"):
+        print("hedgerow: --tls-ticket-rotation-s must be a positive number", file=sys.stderr)
+        return 1
     if not args.certificate_poll_s >= 0:
         print("hedgerow: --certificate-poll-s must be 0 or more", file=sys.stderr)
         return 1
@@ -529,6 +536,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         admin_port=args.admin_port, admin_host=args.admin_host, admin_token=admin_token,
         metrics_token=metrics_token, max_connections=args.max_connections,
         source_limits=source_limits, certificate_poll_s=args.certificate_poll_s,
+        ticket_rotation_s=args.tls_ticket_rotation_s,
     )
     return _run_reporting_setup_errors(
         lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
