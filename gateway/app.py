@@ -40,6 +40,7 @@ from gateway.stream_log import StreamBook, StreamLog
 from gateway.tickets import Reconfigure, Stats, Ticket
 from hedgerow import openai_api as oa
 from hedgerow.actors import ActorRef
+from hedgerow.body_budget import BodyBudget
 from hedgerow.asgi import (
     SSE_HEADERS,
     Handler,
@@ -94,6 +95,8 @@ class GatewayApp:
     # True: ``policy`` is a placeholder until ``apply_policy`` brings the first
     # real one; the client API refuses until then.
     awaiting_policy: bool = False
+    # Bytes of request bodies being read at once, across all requests (503 beyond).
+    body_budget: BodyBudget = field(default_factory=BodyBudget)
     streams: StreamBook = field(init=False)
     _flights: dict[str, Flight] = field(init=False, default_factory=dict)
 
@@ -221,7 +224,8 @@ class GatewayApp:
         observed.klass = identity.priority_class
         _require_json(request)
         body = await request.body(policy.limits.max_body_bytes,
-                                  deadline_s=policy.timeouts.body_ms / 1000)
+                                  deadline_s=policy.timeouts.body_ms / 1000,
+                                  budget=self.body_budget)
         request_json = oa.decode_request(body)  # decoded once: validation, cache, upstream
         parsed = oa.validate_request(request_json, shape)
         check_request_limits(policy, identity.priority_class,

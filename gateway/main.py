@@ -31,6 +31,7 @@ from gateway.ticket_keys import DEFAULT_ROTATION_S
 from gateway.transport import QUIC_SESSION_TICKETS, build_config, local_hosts, serve
 from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
+from hedgerow.body_budget import DEFAULT_BODY_BUDGET_BYTES, BodyBudget
 from hedgerow.latest import LatestValue
 from hedgerow.redis_conn import RedisTls, check_redis, warm_up
 from hedgerow.serving import serve_internal
@@ -90,6 +91,8 @@ class GatewayOptions:
     # TLS session ticket keys (TCP) and QUIC tickets rotate this often; a
     # ticket resumes for one more period after its own (1-2 periods in all).
     ticket_rotation_s: float = DEFAULT_ROTATION_S
+    # Request bodies being read, all requests together; beyond it new ones get 503.
+    max_buffered_body_bytes: int = DEFAULT_BODY_BUDGET_BYTES
     # Mutual TLS to the control plane and workers, and on the admin listener;
     # None: plain HTTP (--insecure-internal, and tests of the gateway alone).
     internal_tls: InternalTls | None = None
@@ -140,7 +143,9 @@ async def run_gateway(
             supervisor.run_service("response-cache", cache.run)
             app = GatewayApp(policy, directory, front,  # type: ignore[arg-type]
                              Dispatcher(scheduler, workers, policy), cache=cache,
-                             awaiting_policy=following)
+                             awaiting_policy=following,
+                             body_budget=BodyBudget(options.max_buffered_body_bytes))
+            app.metrics.watch_body_budget(app.body_budget.stats)
             app.metrics.watch_cache(cache.stats)
             connections = ConnectionCap(fit_file_limit(options.max_connections),
                                         SourceLimits(options.source_limits))

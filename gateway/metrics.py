@@ -44,6 +44,8 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
   ``hedgerow_certificate_not_after_seconds``.
 - Session tickets (``watch_tickets``): ``hedgerow_tls_ticket_key_rotations_total``,
   ``hedgerow_tls_tickets_total{event}`` (TCP) and ``hedgerow_quic_tickets_total{event}``.
+- ``BodyBudget.stats()`` (``watch_body_budget``): ``hedgerow_request_body_bytes_buffered{state}``
+  and ``hedgerow_request_body_budget_refused_total``.
 
 The scheduler's own counters and gauges are read from its ``Stats`` snapshot
 at scrape time: ``hedgerow_shed_total{reason}``, ``hedgerow_hedges_total{outcome}``
@@ -121,6 +123,7 @@ class GatewayMetrics:
         self.connection_stats = StatsCollector(r, connection_families)
         self.certificate_stats = StatsCollector(r, certificate_families)
         self.ticket_stats = StatsCollector(r, ticket_families)
+        self.body_budget_stats = StatsCollector(r, body_budget_families)
         # Labelled children resolved once per label set, not per request
         # (``labels()`` builds a key, and prometheus_client's takes a lock, on
         # every call). At most RESOLVED_MAX label sets are remembered.
@@ -163,6 +166,10 @@ class GatewayMetrics:
     def watch_tickets(self, stats: Callable[[], Mapping[str, Any]]) -> None:
         """Export the TCP ticket key ring's and the QUIC ticket store's counts on scrape."""
         self.ticket_stats.stats = stats
+
+    def watch_body_budget(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the request body budget's counts (``BodyBudget.stats``) on scrape."""
+        self.body_budget_stats.stats = stats
 
     def cache_lookup(self, result: str) -> None:
         counter = self._cache.get(result)
@@ -364,6 +371,21 @@ def ticket_families(stats: Mapping[str, Any]) -> list[Metric]:
                       "expired": quic.expired, "rotated": quic.rotated,
                       "evicted": quic.evicted}))
     return families
+
+
+def body_budget_families(stats: Mapping[str, Any]) -> list[Metric]:
+    """``BodyBudget.stats()`` as metric families (sans-IO)."""
+    if not stats:
+        return []
+    return [
+        _gauge("hedgerow_request_body_bytes_buffered", "Request body bytes being received "
+               "now (all requests), its peak, and the limit (--max-buffered-body-bytes).",
+               "state", {"in_use": stats["in_use"], "peak": stats["peak"],
+                         "limit": stats["limit"]}),
+        _counter("hedgerow_request_body_budget_refused_total", "Request bodies refused with "
+                 "503 body_budget_exhausted: they did not fit in the body budget.", None,
+                 {"": stats["refused"]}),
+    ]
 
 
 def cache_families(stats: Mapping[str, Any]) -> list[Metric]:

@@ -300,6 +300,10 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="rotate the TLS session ticket keys (TCP) and retire QUIC tickets "
                          "this often; a ticket resumes during its period and the next "
                          "(default 3600)")
+    gw.add_argument("--max-buffered-body-bytes", type=int, default=64 * 1024 * 1024,
+                    metavar="N", help="request body bytes being received at once, all "
+                    "requests together; a body that does not fit gets a 503 at once "
+                    "(default 67108864: 64 MiB)")
     add_trust_arguments(gw)
     gw.set_defaults(run=_run_gateway)
 
@@ -507,6 +511,9 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if not 0 < args.tls_ticket_rotation_s < float("inf"):
         print("hedgerow: --tls-ticket-rotation-s must be a positive number", file=sys.stderr)
         return 1
+    if args.max_buffered_body_bytes < 1:
+        print("hedgerow: --max-buffered-body-bytes must be at least 1", file=sys.stderr)
+        return 1
     if not args.certificate_poll_s >= 0:
         print("hedgerow: --certificate-poll-s must be 0 or more", file=sys.stderr)
         return 1
@@ -537,6 +544,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         metrics_token=metrics_token, max_connections=args.max_connections,
         source_limits=source_limits, certificate_poll_s=args.certificate_poll_s,
         ticket_rotation_s=args.tls_ticket_rotation_s,
+        max_buffered_body_bytes=args.max_buffered_body_bytes,
     )
     return _run_reporting_setup_errors(
         lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
