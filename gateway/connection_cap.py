@@ -186,6 +186,8 @@ class CappedListener:
     def _admit(self, connection: socket.socket, address: Any) -> None:
         sources = self._cap.sources
         source = address[0] if sources is not None and isinstance(address, tuple) else None
+        if source is not None and sources is not None and sources.exempt(source):
+            source = None  # loopback, say: not limited, not tracked
         if source is not None:
             assert sources is not None
             refusal = sources.admit(source, asyncio.get_running_loop().time())

@@ -84,7 +84,7 @@ class GatewayOptions:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     # Per client IP and /24 (IPv6: /64), checked at accept before the cap above:
     # open connections and new connections per second (``gateway.source_limits``).
-    source_limits: SourceLimitsConfig = SourceLimitsConfig()
+    source_limits: SourceLimitsConfig = field(default_factory=SourceLimitsConfig)
     # How often the public certificate and key are checked for a change (and
     # reloaded); 0: only on SIGHUP.
     certificate_poll_s: float = DEFAULT_POLL_S

@@ -13,7 +13,10 @@ holds, and what a client that rotates its addresses stays inside):
   ``BURST_S`` seconds' worth (``rate_per_ip``, ``rate_per_prefix``).
 
 0 switches a limit off. A connection admitted here holds its source's slots
-until ``release(address)``; one refused holds nothing.
+until ``release(address)``; one refused holds nothing. Sources in ``exempt``
+networks (by default loopback: local health checks, a reverse proxy or a load
+generator on the same host, all of whose clients would look like one IP) are
+neither limited nor tracked.
 
 Memory is bounded. A source with connections open is held in ``_open`` —
 there are at most two such entries (IP, prefix) per open connection, and the
@@ -44,6 +47,7 @@ DEFAULT_MAX_OPEN_PER_PREFIX = 1024
 DEFAULT_RATE_PER_IP = 50.0
 DEFAULT_RATE_PER_PREFIX = 200.0
 DEFAULT_MAX_IDLE_SOURCES = 65_536
+DEFAULT_EXEMPT = ("127.0.0.0/8", "::1/128")
 # A bucket holds this many seconds of its rate: a page load's burst of
 # connections passes, a sustained flood does not.
 BURST_S = 2.0
@@ -62,8 +66,11 @@ class SourceLimitsConfig:
     rate_per_ip: float = DEFAULT_RATE_PER_IP
     rate_per_prefix: float = DEFAULT_RATE_PER_PREFIX
     max_idle_sources: int = DEFAULT_MAX_IDLE_SOURCES
+    exempt: tuple[str, ...] = DEFAULT_EXEMPT  # networks (CIDR) never limited
 
     def __post_init__(self) -> None:
+        for network in self.exempt:
+            ipaddress.ip_network(network, strict=False)  # ValueError names a bad one
         for name in ("max_open_per_ip", "max_open_per_prefix", "rate_per_ip",
                      "rate_per_prefix"):
             value = getattr(self, name)
@@ -83,17 +90,27 @@ class _Source:
         self.bucket = TokenBucket(rate, max(1.0, rate * BURST_S)) if rate > 0 else None
 
 
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _parse(address: str) -> IpAddress | None:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 scope id
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
 def source_keys(address: str) -> tuple[Key, Key]:
     """The IP (IPv4-mapped IPv6 as IPv4) and its prefix, as table keys.
 
     An address that does not parse (a Unix socket's path, say) is one source
     of its own, in a prefix of its own."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 scope id
-    except ValueError:
+    ip = _parse(address)
+    if ip is None:
         return ("ip", address), ("net", address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
     bits = IPV4_PREFIX if ip.version == 4 else IPV6_PREFIX
     network = ipaddress.ip_network((ip, bits), strict=False)
     return ("ip", str(ip)), ("net", str(network))
@@ -108,9 +125,18 @@ class SourceLimits:
         self._idle: OrderedDict[Key, _Source] = OrderedDict()
         self.refused: dict[Refusal, int] = dict.fromkeys(REFUSALS, 0)
         self.forgotten = 0  # idle sources dropped from the full table (LRU)
+        self._exempt = [ipaddress.ip_network(n, strict=False) for n in config.exempt]
+
+    def exempt(self, address: str) -> bool:
+        """Whether ``address`` is in an exempt network (then it is never limited)."""
+        ip = _parse(address)
+        return ip is not None and any(ip.version == n.version and ip in n
+                                      for n in self._exempt)
 
     def admit(self, address: str, now: float) -> Refusal | None:
-        """Take the source's slots for one new connection: None; or why not (counted)."""
+        """Take the source's slots for one new connection: None; or why not (counted).
+        The caller gives them back with ``release`` -- except for an ``exempt``
+        source, which holds none (check it first)."""
         ip_key, net_key = source_keys(address)
         ip, net = self._get(ip_key, now), self._get(net_key, now)
         config = self.config

@@ -292,6 +292,11 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     default=limits.rate_per_prefix, metavar="PER_S",
                     help="the same for one /24 (IPv4) or /64 (IPv6) "
                          f"(default {limits.rate_per_prefix:g}; 0: no limit)")
+    gw.add_argument("--connection-limits-exempt", default=",".join(limits.exempt),
+                    metavar="CIDR,...", help="client networks the per-client limits never "
+                    "apply to (default: loopback, " + ",".join(limits.exempt) + "; "
+                    "'none': no exemption). A reverse proxy in front makes every client "
+                    "its address: exempt it, or limit at the proxy")
     gw.add_argument("--certificate-poll-s", type=float, default=5.0, metavar="S",
                     help="check --certfile/--keyfile for a change this often and load a "
                          "changed pair without dropping connections (default 5; 0: only on "
@@ -524,7 +529,8 @@ def _run_gateway(args: argparse.Namespace) -> int:
             max_open_per_ip=args.max_connections_per_ip,
             max_open_per_prefix=args.max_connections_per_prefix,
             rate_per_ip=args.new_connections_per_ip,
-            rate_per_prefix=args.new_connections_per_prefix)
+            rate_per_prefix=args.new_connections_per_prefix,
+            exempt=_networks(args.connection_limits_exempt))
     except ValueError as error:
         print(f"hedgerow: per-client connection limits: {error}", file=sys.stderr)
         return 1
@@ -548,6 +554,13 @@ def _run_gateway(args: argparse.Namespace) -> int:
     )
     return _run_reporting_setup_errors(
         lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
+
+
+def _networks(text: str) -> tuple[str, ...]:
+    """A comma-separated list of networks; "none" (or nothing): an empty one."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def _run_worker(args: argparse.Namespace) -> int:

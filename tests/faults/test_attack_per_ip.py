@@ -56,7 +56,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         tmp_path_factory.mktemp("per-ip"), CAP, "--drain-timeout-s", "1",
         "--max-connections-per-ip", str(PER_IP), "--new-connections-per-ip", str(RATE_PER_IP),
         # 127.0.0.1 and .2 share a /24: the prefix limits are not what is tested here.
-        "--max-connections-per-prefix", "0", "--new-connections-per-prefix", "0")
+        "--max-connections-per-prefix", "0", "--new-connections-per-prefix", "0",
+        # Loopback is exempt by default (local proxies, health checks, load generators).
+        "--connection-limits-exempt", "none")
     try:
         yield stack
     finally:

@@ -150,3 +150,14 @@ def test_open_counts_never_exceed_the_limits_and_the_table_stays_bounded(
         for times in admitted_at.values():
             assert len(times) <= max(1.0, rate_ip * 2) + rate_ip * (times[-1] - times[0]) + 1e-6 \
                 or stats["forgotten"] > 0
+
+
+def test_exempt_networks_are_neither_limited_nor_tracked() -> None:
+    table = SourceLimits(SourceLimitsConfig(max_open_per_ip=1, rate_per_ip=1.0))
+    assert table.exempt("127.0.0.1") and table.exempt("127.9.9.9") and table.exempt("::1")
+    assert table.exempt("::ffff:127.0.0.1")  # IPv4-mapped loopback too
+    assert not table.exempt("10.0.0.1") and not table.exempt("not an ip")
+    nothing = SourceLimits(SourceLimitsConfig(exempt=()))
+    assert not nothing.exempt("127.0.0.1")
+    with pytest.raises(ValueError):
+        SourceLimitsConfig(exempt=("not a network",))
