@@ -37,9 +37,10 @@ from gateway.cache.keys import bypasses_lookup, cacheable
 from gateway.generation import Generation, classify
 from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
 from gateway.stream_log import StreamBook, StreamLog
-from gateway.tickets import Reconfigure, Stats, Ticket
+from gateway.tickets import ChargeRequest, Reconfigure, Stats, Ticket
 from hedgerow import openai_api as oa
 from hedgerow.actors import ActorRef
+from hedgerow.body_budget import BodyBudget
 from hedgerow.asgi import (
     SSE_HEADERS,
     Handler,
@@ -94,6 +95,8 @@ class GatewayApp:
     # True: ``policy`` is a placeholder until ``apply_policy`` brings the first
     # real one; the client API refuses until then.
     awaiting_policy: bool = False
+    # Bytes of request bodies being read at once, across all requests (503 beyond).
+    body_budget: BodyBudget = field(default_factory=BodyBudget)
     streams: StreamBook = field(init=False)
     _flights: dict[str, Flight] = field(init=False, default_factory=dict)
 
@@ -221,7 +224,8 @@ class GatewayApp:
         observed.klass = identity.priority_class
         _require_json(request)
         body = await request.body(policy.limits.max_body_bytes,
-                                  deadline_s=policy.timeouts.body_ms / 1000)
+                                  deadline_s=policy.timeouts.body_ms / 1000,
+                                  budget=self.body_budget)
         request_json = oa.decode_request(body)  # decoded once: validation, cache, upstream
         parsed = oa.validate_request(request_json, shape)
         check_request_limits(policy, identity.priority_class,
@@ -240,11 +244,15 @@ class GatewayApp:
         with self.drain.track() as in_flight:
             request.send = in_flight.watch(request.send)
             caching = await self._cache_lookup(request, asked, request_json)
+            if caching is not None:
+                # Before a flight can be joined: the leader is charged before its joiners.
+                await self._charge_request_rate(asked)
             if isinstance(caching, Hit):
                 await self._replay(request, asked, caching)
                 return True
             # A miss: only now is the work for a worker prepared.
             ticket = self._ticket(asked, identity, klass, arrived, deadline_ms, due_ms)
+            ticket.request_charged = caching is not None
             call = UpstreamCall(ticket.request_id, request.path,
                                 _upstream_body(request_json, model), model)
             chat = isinstance(parsed, oa.ChatCompletionRequest)
@@ -256,6 +264,17 @@ class GatewayApp:
             return await self._lead(request, wanted, caching, in_flight)
         await _end_cut_request(request, in_flight)
         return True
+
+    async def _charge_request_rate(self, asked: Asked) -> None:
+        """A cacheable request is charged to the tenant's requests/s (local and
+        shared) here, before the cache answers it or it joins or leads a
+        flight: cache hits and joins count like any request (a 429 past the
+        rate), and a leader is charged before anyone can join it. Its ``Submit``
+        then skips the requests/s it has paid; tokens, concurrency and the
+        queue are charged there as before."""
+        refusal = await self.scheduler.ask(ChargeRequest(asked.tenant, asked.policy))
+        if refusal is not None:
+            raise refusal.to_error()
 
     def _ticket(self, asked: Asked, identity: Identity, klass: PriorityClass, now: float,
                 deadline_ms: int, due_ms: int) -> Ticket:

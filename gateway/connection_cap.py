@@ -24,7 +24,13 @@ handshake failed, timed out or the connection served and closed. The cap in
 force is the one ``serve`` put in ``ACTIVE_CAP`` (a context variable, so two
 servers in one process each keep their own).
 
-QUIC (HTTP/3) connections take slots of the same cap: see ``gateway.quic_cap``.
+In front of the cap, per-client limits (``gateway.source_limits``, held by
+the cap as ``sources``): a connection whose source IP or prefix already has
+too many open, or opens them too fast, is closed the same way, before the
+cap is asked; its source's slots are given back with the cap's.
+
+QUIC (HTTP/3) connections take slots of the same cap: see ``gateway.quic_cap``
+(the per-client limits are TCP's only).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from ssl import SSLContext
 from typing import Any
+
+from gateway.source_limits import SourceLimits
 
 log = logging.getLogger("hedgerow.gateway.connections")
 
@@ -51,10 +59,14 @@ StreamCallback = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitabl
 class ConnectionCap:
     """Open connections against a limit (sans-IO: plain counting)."""
 
-    def __init__(self, limit: int = DEFAULT_MAX_CONNECTIONS) -> None:
+    def __init__(self, limit: int = DEFAULT_MAX_CONNECTIONS,
+                 sources: SourceLimits | None = None) -> None:
         if limit < 1:
             raise ValueError(f"the connection limit must be >= 1, not {limit!r}")
         self.limit = limit
+        self.sources = sources  # per-client limits asked first, at TCP accept
+        self._sources_logged = 0
+        self._sources_logged_at = -LOG_EVERY_S
         self.open = 0
         self.refused = 0
         self._refused_logged = 0
@@ -81,23 +93,41 @@ class ConnectionCap:
         self._refused_logged, self._logged_at = self.refused, now
         return new
 
-    def stats(self) -> dict[str, int]:
-        return {"open": self.open, "refused": self.refused, "limit": self.limit}
+    def source_refusals_to_log(self, now: float) -> int:
+        """Per-client refusals since the last log line, if one is due at ``now``; else 0."""
+        if self.sources is None:
+            return 0
+        refused = sum(self.sources.refused.values())
+        new = refused - self._sources_logged
+        if new == 0 or now - self._sources_logged_at < LOG_EVERY_S:
+            return 0
+        self._sources_logged, self._sources_logged_at = refused, now
+        return new
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = {"open": self.open, "refused": self.refused, "limit": self.limit}
+        if self.sources is not None:
+            stats["sources"] = self.sources.stats()
+        return stats
 
 
 ACTIVE_CAP: ContextVar[ConnectionCap | None] = ContextVar("hedgerow_connection_cap", default=None)
 
 
 class _Slot:
-    """One connection's hold on the cap, given back exactly once."""
+    """One connection's hold on the cap (and on its source's limits, from
+    ``source``), given back exactly once."""
 
-    def __init__(self, cap: ConnectionCap) -> None:
+    def __init__(self, cap: ConnectionCap, source: str | None = None) -> None:
         self._cap: ConnectionCap | None = cap
+        self._source = source
 
     def give_back(self) -> None:
         if self._cap is not None:
-            self._cap.close()
-            self._cap = None
+            cap, self._cap = self._cap, None
+            cap.close()
+            if self._source is not None and cap.sources is not None:
+                cap.sources.release(self._source, asyncio.get_running_loop().time())
 
 
 class _CountedStreamProtocol(asyncio.StreamReaderProtocol):
@@ -144,21 +174,36 @@ class CappedListener:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                connection, _ = await loop.sock_accept(self._sock)
+                connection, address = await loop.sock_accept(self._sock)
             except ConnectionAbortedError:
                 continue  # the client gave up while queued
             except OSError as error:  # out of descriptors or buffers: let some close
                 log.warning("accept failed (%s); retrying in %.1fs", error, ACCEPT_RETRY_S)
                 await asyncio.sleep(ACCEPT_RETRY_S)
                 continue
-            self._admit(connection)
+            self._admit(connection, address)
 
-    def _admit(self, connection: socket.socket) -> None:
+    def _admit(self, connection: socket.socket, address: Any) -> None:
+        sources = self._cap.sources
+        source = address[0] if sources is not None and isinstance(address, tuple) else None
+        if source is not None and sources is not None and sources.exempt(source):
+            source = None  # loopback, say: not limited, not tracked
+        if source is not None:
+            assert sources is not None
+            refusal = sources.admit(source, asyncio.get_running_loop().time())
+            if refusal is not None:
+                connection.close()  # as at the cap: before any TLS byte
+                _log_source_refusals(self._cap, source, refusal)
+                return
         if not self._cap.try_open():
+            if source is not None:
+                assert sources is not None
+                sources.release(source, asyncio.get_running_loop().time())
             connection.close()  # no TLS byte read or written: the client reads EOF
             log_refusals(self._cap)
             return
-        task = asyncio.get_running_loop().create_task(self._serve(connection, _Slot(self._cap)))
+        task = asyncio.get_running_loop().create_task(
+            self._serve(connection, _Slot(self._cap, source)))
         self._handshakes.add(task)
         task.add_done_callback(self._handshakes.discard)
 
@@ -183,6 +228,14 @@ def log_refusals(cap: ConnectionCap) -> None:
     if refused:
         log.warning("connection cap reached: %d connection(s) refused at accept (%d open, "
                     "limit %d; --max-connections)", refused, cap.open, cap.limit)
+
+
+def _log_source_refusals(cap: ConnectionCap, source: str, refusal: str) -> None:
+    refused = cap.source_refusals_to_log(asyncio.get_running_loop().time())
+    if refused:
+        log.warning("per-client connection limits: %d connection(s) refused at accept "
+                    "(the latest from %s: %s; --max-connections-per-ip/-prefix, "
+                    "--new-connections-per-ip/-prefix)", refused, source, refusal)
 
 
 # How long a TLS close waits for the peer's close_notify (asyncio's default: 30 s).

@@ -15,9 +15,11 @@ from control_plane.admin_auth import admin_bind_host
 from gateway.admin import GatewayAdmin
 from gateway.app import GatewayApp
 from gateway.cache import ResponseCache
+from gateway.cert_reload import DEFAULT_POLL_S, CertificateReloader
 from gateway.connection_cap import DEFAULT_MAX_CONNECTIONS, ConnectionCap, fit_file_limit
 from gateway.cors import CorsMiddleware
 from gateway.security_headers import SecurityHeaders
+from gateway.source_limits import SourceLimits, SourceLimitsConfig
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain
 from gateway.devcert import ensure_dev_certificate
@@ -26,12 +28,14 @@ from gateway.policy_follower import PolicyFollower, RunningPolicy
 from gateway.scheduler import SchedulerActor
 from gateway.shared_limits import SharedLimitsScheduler, open_shared_limits
 from gateway.quic_admission import QuicFrontDoor, QuicLimits
-from gateway.transport import build_config, local_hosts, serve
 from gateway.h2_budget import H2Limits
 from gateway.h2_guard import H2_GUARD_STATS
-from gateway.transport import MAX_REQUESTS_PER_CONNECTION, build_config, local_hosts, serve
+from gateway.ticket_keys import DEFAULT_ROTATION_S
+from gateway.transport import (MAX_REQUESTS_PER_CONNECTION, QUIC_SESSION_TICKETS, build_config,
+                               local_hosts, serve)
 from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
+from hedgerow.body_budget import DEFAULT_BODY_BUDGET_BYTES, BodyBudget
 from hedgerow.latest import LatestValue
 from hedgerow.redis_conn import RedisTls, check_redis, warm_up
 from hedgerow.serving import serve_internal
@@ -88,6 +92,17 @@ class GatewayOptions:
     # per-connection HTTP/2 flood budgets (``gateway.h2_budget``).
     max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION
     h2_limits: H2Limits = H2Limits()
+    # Per client IP and /24 (IPv6: /64), checked at accept before the cap above:
+    # open connections and new connections per second (``gateway.source_limits``).
+    source_limits: SourceLimitsConfig = field(default_factory=SourceLimitsConfig)
+    # How often the public certificate and key are checked for a change (and
+    # reloaded); 0: only on SIGHUP.
+    certificate_poll_s: float = DEFAULT_POLL_S
+    # TLS session ticket keys (TCP) and QUIC tickets rotate this often; a
+    # ticket resumes for one more period after its own (1-2 periods in all).
+    ticket_rotation_s: float = DEFAULT_ROTATION_S
+    # Request bodies being read, all requests together; beyond it new ones get 503.
+    max_buffered_body_bytes: int = DEFAULT_BODY_BUDGET_BYTES
     # Mutual TLS to the control plane and workers, and on the admin listener;
     # None: plain HTTP (--insecure-internal, and tests of the gateway alone).
     internal_tls: InternalTls | None = None
@@ -138,9 +153,12 @@ async def run_gateway(
             supervisor.run_service("response-cache", cache.run)
             app = GatewayApp(policy, directory, front,  # type: ignore[arg-type]
                              Dispatcher(scheduler, workers, policy), cache=cache,
-                             awaiting_policy=following)
+                             awaiting_policy=following,
+                             body_budget=BodyBudget(options.max_buffered_body_bytes))
+            app.metrics.watch_body_budget(app.body_budget.stats)
             app.metrics.watch_cache(cache.stats)
-            connections = ConnectionCap(fit_file_limit(options.max_connections))
+            connections = ConnectionCap(fit_file_limit(options.max_connections),
+                                        SourceLimits(options.source_limits))
             app.metrics.watch_connections(connections.stats)
             quic_door = QuicFrontDoor(options.quic, connections)
             app.metrics.watch_quic(quic_door.stats)
@@ -164,11 +182,20 @@ async def run_gateway(
             else:
                 log.info("policy pinned to %s (not following the control plane)",
                          options.policy_path)
+            certificates = CertificateReloader(certfile, keyfile,
+                                               poll_s=options.certificate_poll_s)
+            app.metrics.watch_certificates(certificates.stats)
+            supervisor.run_service("certificate-reloader", certificates.run)
             config = build_config(host=options.host, port=options.port,
                                   certfile=certfile, keyfile=keyfile,
                                   graceful_timeout_s=options.drain_timeout_s + DRAIN_GRACE_S,
                                   h2_limits=options.h2_limits,
-                                  max_requests_per_connection=options.max_requests_per_connection)
+                                  max_requests_per_connection=options.max_requests_per_connection,
+                                  ticket_rotation_s=options.ticket_rotation_s)
+            ring = getattr(config, "ticket_keys", None)
+            app.metrics.watch_tickets(lambda: {
+                "tcp": ring.stats() if ring is not None else {},
+                "quic": QUIC_SESSION_TICKETS.statistics()})
             async with anyio.create_task_group() as tg:
 
                 async def drain_on_shutdown() -> None:
@@ -182,7 +209,9 @@ async def run_gateway(
                 else:
                     log.info("no --admin-port: metrics and the cache admin API are not served")
                 port = await tg.start(functools.partial(serve, connection_cap=connections,
-                                                        quic_door=quic_door),
+                                                        quic_door=quic_door,
+
+                                                        certificates=certificates),
                                       SecurityHeaders(edge), config, drain_on_shutdown)
                 hosts = [options.host] if isinstance(options.host, str) else options.host
                 log.info("gateway listening on %s (h1, h2, h3)", ", ".join(

@@ -35,7 +35,17 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
 - From ``ConnectionCap.stats()`` at scrape time (``watch_connections``):
   ``hedgerow_connections_open`` (TCP and QUIC connections open now,
   handshakes included), ``hedgerow_connections_limit`` (``--max-connections``) and
-  ``hedgerow_connections_refused_total`` (refused before TLS: at the cap).
+  ``hedgerow_connections_refused_total`` (refused before TLS: at the cap); with
+  per-client limits, ``hedgerow_connections_refused_per_client_total{limit}``,
+  ``hedgerow_connection_sources{state}`` and
+  ``hedgerow_connection_sources_forgotten_total``.
+- From ``CertificateReloader.stats()`` (``watch_certificates``):
+  ``hedgerow_certificate_reloads_total{result}`` and, after a reload,
+  ``hedgerow_certificate_not_after_seconds``.
+- Session tickets (``watch_tickets``): ``hedgerow_tls_ticket_key_rotations_total``,
+  ``hedgerow_tls_tickets_total{event}`` (TCP) and ``hedgerow_quic_tickets_total{event}``.
+- ``BodyBudget.stats()`` (``watch_body_budget``): ``hedgerow_request_body_bytes_buffered{state}``
+  and ``hedgerow_request_body_budget_refused_total``.
 
 The scheduler's own counters and gauges are read from its ``Stats`` snapshot
 at scrape time: ``hedgerow_shed_total{reason}``, ``hedgerow_hedges_total{outcome}``
@@ -113,6 +123,9 @@ class GatewayMetrics:
         self.connection_stats = StatsCollector(r, connection_families)
         self.quic_stats = StatsCollector(r, quic_families)
         self.h2_stats = StatsCollector(r, h2_families)
+        self.certificate_stats = StatsCollector(r, certificate_families)
+        self.ticket_stats = StatsCollector(r, ticket_families)
+        self.body_budget_stats = StatsCollector(r, body_budget_families)
         # Labelled children resolved once per label set, not per request
         # (``labels()`` builds a key, and prometheus_client's takes a lock, on
         # every call). At most RESOLVED_MAX label sets are remembered.
@@ -154,6 +167,17 @@ class GatewayMetrics:
     def watch_h2(self, stats: Callable[[], Mapping[str, Any]]) -> None:
         """Export the HTTP/2 guard's counts (``H2GuardStats.snapshot``) on scrape."""
         self.h2_stats.stats = stats
+    def watch_certificates(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the certificate reloader's counts (``CertificateReloader.stats``) on scrape."""
+        self.certificate_stats.stats = stats
+
+    def watch_tickets(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the TCP ticket key ring's and the QUIC ticket store's counts on scrape."""
+        self.ticket_stats.stats = stats
+
+    def watch_body_budget(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the request body budget's counts (``BodyBudget.stats``) on scrape."""
+        self.body_budget_stats.stats = stats
 
     def cache_lookup(self, result: str) -> None:
         counter = self._cache.get(result)
@@ -290,6 +314,84 @@ def connection_families(stats: Mapping[str, Any]) -> list[Metric]:
                "(--max-connections).", None, {"": stats["limit"]}),
         _counter("hedgerow_connections_refused_total", "Connections refused before TLS "
                  "(TCP closed at accept, QUIC Initials dropped) at the connection limit.", None,
+                 {"": stats["refused"]}),
+        *_source_families(stats.get("sources")),
+    ]
+
+
+def _source_families(stats: Mapping[str, Any] | None) -> list[Metric]:
+    """The per-client limits' counts (``SourceLimits.stats``); none when they are off."""
+    if not stats:
+        return []
+    return [
+        _counter("hedgerow_connections_refused_per_client_total", "TCP connections closed "
+                 "at accept, before TLS, by a per-client limit: ip_open/prefix_open "
+                 "(--max-connections-per-ip/-prefix), ip_rate/prefix_rate "
+                 "(--new-connections-per-ip/-prefix).", "limit", stats["refused"]),
+        _gauge("hedgerow_connection_sources", "Client IPs and prefixes tracked: open (with "
+               "connections open) and idle (a rate bucket still refilling).", "state",
+               {"open": stats["open_sources"], "idle": stats["idle_sources"]}),
+        _counter("hedgerow_connection_sources_forgotten_total", "Idle client sources "
+                 "dropped from the full table (least recently seen first).", None,
+                 {"": stats["forgotten"]}),
+    ]
+
+
+def certificate_families(stats: Mapping[str, Any]) -> list[Metric]:
+    """``CertificateReloader.stats()`` as metric families (sans-IO); none without one."""
+    if not stats:
+        return []
+    families: list[Metric] = [
+        _counter("hedgerow_certificate_reloads_total", "Reloads of the public certificate "
+                 "and key (--certfile/--keyfile) after they changed or on SIGHUP: loaded, or "
+                 "refused (unreadable, or a key that does not match; the old pair serves on).",
+                 "result", {"loaded": stats["reloads"], "refused": stats["failures"]}),
+    ]
+    if stats.get("not_after") is not None:
+        families.append(_gauge("hedgerow_certificate_not_after_seconds", "When the public "
+                               "certificate last reloaded expires (POSIX seconds).", None,
+                               {"": stats["not_after"]}))
+    return families
+
+
+def ticket_families(stats: Mapping[str, Any]) -> list[Metric]:
+    """Session ticket counts, TCP (``TicketKeyRing.stats``) and QUIC
+    (``QuicTicketStore.statistics``), as metric families (sans-IO)."""
+    families: list[Metric] = []
+    tcp = stats.get("tcp")
+    if tcp:
+        families += [
+            _counter("hedgerow_tls_ticket_key_rotations_total", "TCP session ticket keys "
+                     "replaced on schedule (--tls-ticket-rotation-s).", None,
+                     {"": tcp["rotations"]}),
+            _counter("hedgerow_tls_tickets_total", "TCP session tickets sealed, and presented "
+                     "ones opened with the current key, the previous key (the grace after a "
+                     "rotation) or none (a full handshake).", "event",
+                     {"sealed": tcp["sealed"], **{f"opened_{k}": v
+                                                  for k, v in tcp["opened"].items()}}),
+        ]
+    quic = stats.get("quic")
+    if quic is not None:
+        families.append(_counter(
+            "hedgerow_quic_tickets_total", "QUIC session tickets issued, resumed, and not "
+            "resumed: unknown (missed), expired, retired by rotation, evicted (store full).",
+            "event", {"issued": quic.issued, "resumed": quic.resumed, "missed": quic.missed,
+                      "expired": quic.expired, "rotated": quic.rotated,
+                      "evicted": quic.evicted}))
+    return families
+
+
+def body_budget_families(stats: Mapping[str, Any]) -> list[Metric]:
+    """``BodyBudget.stats()`` as metric families (sans-IO)."""
+    if not stats:
+        return []
+    return [
+        _gauge("hedgerow_request_body_bytes_buffered", "Request body bytes being received "
+               "now (all requests), its peak, and the limit (--max-buffered-body-bytes).",
+               "state", {"in_use": stats["in_use"], "peak": stats["peak"],
+                         "limit": stats["limit"]}),
+        _counter("hedgerow_request_body_budget_refused_total", "Request bodies refused with "
+                 "503 body_budget_exhausted: they did not fit in the body budget.", None,
                  {"": stats["refused"]}),
     ]
 

@@ -7,6 +7,10 @@ return means a full handshake. This store holds those tickets:
 
 - bounded by count, evicting the least recently issued ticket first;
 - expiry checked against an injected ``now`` (never read from a clock here);
+- rotated (``rotate_every(period)``): time is cut into periods of the UTC
+  clock, and a ticket issued in one period resumes during it and the next,
+  not later -- the schedule TCP's ticket keys follow (``gateway.ticket_keys``),
+  so a resumption secret held here outlives at most one rotation;
 - single use: ``pop`` removes the ticket. RFC 8446 section 8.1 — a server
   that accepts each ticket at most once cannot be made to replay 0-RTT data
   by a client that resends its ClientHello.
@@ -18,6 +22,7 @@ only I/O and it lives in the caller.
 from __future__ import annotations
 
 import datetime
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +49,7 @@ class TicketStoreStats:
     missed: int
     expired: int
     evicted: int
+    rotated: int = 0  # presented or pruned after their period and the next had passed
 
 
 @dataclass(frozen=True)
@@ -67,10 +73,27 @@ class QuicTicketStore:
             raise ValueError("max_age must be positive")
         self._max_tickets = max_tickets
         self._max_age = max_age
-        self._tickets: OrderedDict[bytes, tuple[SessionTicket, datetime.datetime]] = (
+        # label -> (ticket, expires at, the rotation period it was issued in)
+        self._tickets: OrderedDict[bytes, tuple[SessionTicket, datetime.datetime, int]] = (
             OrderedDict()
         )
         self._issued = self._resumed = self._missed = self._expired = self._evicted = 0
+        self._rotated = 0
+        self._rotation: datetime.timedelta | None = None
+
+    def rotate_every(self, period: datetime.timedelta | None) -> None:
+        """Retire tickets one full period after the period they were issued in (None: never)."""
+        if period is not None and period <= datetime.timedelta(0):
+            raise ValueError("the rotation period must be positive")
+        self._rotation = period
+
+    def _period(self, now: datetime.datetime) -> int:
+        if self._rotation is None:
+            return 0
+        return math.floor(now.timestamp() / self._rotation.total_seconds())
+
+    def _retired(self, issued_in: int, now: datetime.datetime) -> bool:
+        return self._period(now) - issued_in > 1
 
     def __len__(self) -> int:
         return len(self._tickets)
@@ -78,7 +101,7 @@ class QuicTicketStore:
     def add(self, ticket: SessionTicket, *, now: datetime.datetime) -> None:
         expires_at = min(ticket.not_valid_after, now + self._max_age)
         self._tickets.pop(ticket.ticket, None)
-        self._tickets[ticket.ticket] = (ticket, expires_at)
+        self._tickets[ticket.ticket] = (ticket, expires_at, self._period(now))
         self._issued += 1
         while len(self._tickets) > self._max_tickets:
             self._tickets.popitem(last=False)
@@ -89,20 +112,29 @@ class QuicTicketStore:
         if entry is None:
             self._missed += 1
             return None
-        ticket, expires_at = entry
+        ticket, expires_at, issued_in = entry
         if now >= expires_at:
             self._expired += 1
+            return None
+        if self._retired(issued_in, now):
+            self._rotated += 1
             return None
         self._resumed += 1
         return ticket
 
     def prune(self, *, now: datetime.datetime) -> int:
         """Drop expired tickets; returns how many were dropped."""
-        stale = [label for label, (_, expires_at) in self._tickets.items() if now >= expires_at]
+        stale = [label for label, (_, expires_at, _) in self._tickets.items()
+                 if now >= expires_at]
         for label in stale:
             del self._tickets[label]
         self._expired += len(stale)
-        return len(stale)
+        retired = [label for label, (_, _, issued_in) in self._tickets.items()
+                   if self._retired(issued_in, now)]
+        for label in retired:
+            del self._tickets[label]
+        self._rotated += len(retired)
+        return len(stale) + len(retired)
 
     def statistics(self) -> TicketStoreStats:
         return TicketStoreStats(
@@ -112,6 +144,7 @@ class QuicTicketStore:
             missed=self._missed,
             expired=self._expired,
             evicted=self._evicted,
+            rotated=self._rotated,
         )
 
     def hooks(self, clock: Clock = utc_now) -> TicketHooks:

@@ -32,6 +32,7 @@ from gateway.tickets import (
     Reroute,
     Stats,
     Submit,
+    ChargeRequest,
     Ticket,
     TicketDone,
     Withdraw,
@@ -104,6 +105,11 @@ class SchedulerActor(Actor):
         match message:
             case Submit(ticket):
                 return self._submit(ticket, now)
+            case ChargeRequest(tenant):
+                refusal = self.admission.charge_request(tenant, now)
+                self._count("requests_charged_at_door" if refusal is None
+                            else f"shed_{refusal.reason}")
+                return refusal
             case Withdraw(ticket):
                 self._withdraw(ticket, now)
             case Reroute(ticket, exclude, hedge):
@@ -182,7 +188,8 @@ class SchedulerActor(Actor):
         left = ticket.deadline - now if scheduling.slo_admission else math.inf
         decision = self.admission.admit(
             ticket.tenant, ticket.estimated_tokens, wait, prefill if scheduling.slo_admission
-            else 0.0, left, now, queue_length=len(queue) if scheduling.slo_admission else 0)
+            else 0.0, left, now, queue_length=len(queue) if scheduling.slo_admission else 0,
+            charge_request=not ticket.request_charged)
         if isinstance(decision, Refused):
             return decision
         ticket.charged = decision.tokens_charged

@@ -48,11 +48,11 @@ import anyio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.tickets import Stats, Submit, Ticket, TicketDone
+from gateway.tickets import ChargeRequest, Stats, Submit, Ticket, TicketDone
 from hedgerow.actors import ActorRef
 from hedgerow.redis_conn import RedisTls, open_redis
 from policies.admission import Refused
-from policies.schema import TenantLimits
+from policies.schema import Policy, TenantLimits
 
 log = logging.getLogger("hedgerow.gateway.shared_limits")
 
@@ -80,15 +80,17 @@ end
 """
 
 # KEYS: requests bucket, tokens bucket. ARGV: requests/s, requests burst,
-# tokens/s, tokens burst, tokens to take. Returns {granted, refused by, wait_s}.
+# tokens/s, tokens burst, tokens to take, requests to take (1, or 0 when the
+# request was charged at the door). Returns {granted, refused by, wait_s}.
 _TAKE = _BUCKETS + """
 local rrate, rburst = tonumber(ARGV[1]), tonumber(ARGV[2])
 local trate, tburst, amount = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local need = tonumber(ARGV[6] or '1')
 local requests, rat = refill(KEYS[1], rrate, rburst)
 local tokens, tat = refill(KEYS[2], trate, tburst)
-if requests + 1e-9 < 1 then return {0, 'requests', tostring((1 - requests) / rrate)} end
+if requests + 1e-9 < need then return {0, 'requests', tostring((need - requests) / rrate)} end
 if tokens + 1e-9 < amount then return {0, 'tokens', tostring((amount - tokens) / trate)} end
-save(KEYS[1], math.max(0, requests - 1), rat, rrate, rburst)
+save(KEYS[1], math.max(0, requests - need), rat, rrate, rburst)
 save(KEYS[2], math.max(0, tokens - amount), tat, trate, tburst)
 return {1, '', '0'}
 """
@@ -131,7 +133,8 @@ class SharedRequestLimits:
             return None
         charge = float(min(ticket.estimated_tokens, limits.tokens_burst))
         args = [repr(limits.requests_per_s), str(limits.requests_burst),
-                repr(limits.tokens_per_min / 60.0), str(limits.tokens_burst), repr(charge)]
+                repr(limits.tokens_per_min / 60.0), str(limits.tokens_burst), repr(charge),
+                "0" if ticket.request_charged else "1"]
         try:
             with anyio.fail_after(REDIS_TIMEOUT_S):
                 granted, refused_by, wait = await self._take(
@@ -145,6 +148,25 @@ class SharedRequestLimits:
             self._charged[ticket] = charge
             return None
         return self._refusal(ticket.tenant, limits, _text(refused_by), float(wait))
+
+    async def charge_request(self, tenant: str, policy: Policy | None) -> Refused | None:
+        """One request for ``tenant`` that needs no worker: its shared requests/s
+        only (no tokens). None: charged, or nothing to charge, or Redis is down."""
+        limits = _tenant_limits(policy, tenant)
+        if limits is None or self.clock() < self._down_until:
+            return None
+        args = [repr(limits.requests_per_s), str(limits.requests_burst),
+                repr(limits.tokens_per_min / 60.0), str(limits.tokens_burst), repr(0.0), "1"]
+        try:
+            with anyio.fail_after(REDIS_TIMEOUT_S):
+                granted, refused_by, wait = await self._take(keys=self._keys(tenant), args=args)
+        except (RedisError, OSError, TimeoutError) as error:
+            self._fell_back(error)
+            return None
+        self._back()
+        self.counters["checked"] += 1
+        return None if int(granted) else self._refusal(tenant, limits, _text(refused_by),
+                                                       float(wait))
 
     async def settle(self, ticket: Ticket, actual_tokens: int) -> None:
         """Correct the tenant's shared tokens bucket by what ``ticket`` really used
@@ -193,9 +215,13 @@ class SharedRequestLimits:
 
 
 def _limits_of(ticket: Ticket) -> TenantLimits | None:
-    if ticket.policy is None:
+    return _tenant_limits(ticket.policy, ticket.tenant)
+
+
+def _tenant_limits(policy: Policy | None, tenant: str) -> TenantLimits | None:
+    if policy is None:
         return None
-    return next((t.limits for t in ticket.policy.tenants if t.name == ticket.tenant), None)
+    return next((t.limits for t in policy.tenants if t.name == tenant), None)
 
 
 def _text(value: Any) -> str:
@@ -213,6 +239,10 @@ class SharedLimitsScheduler:
     async def ask(self, message: Any, *, timeout: float = 5.0) -> Any:
         if isinstance(message, Submit):
             refusal = await self.limits.check(message.ticket)
+            if refusal is not None:
+                return refusal
+        if isinstance(message, ChargeRequest):
+            refusal = await self.limits.charge_request(message.tenant, message.policy)
             if refusal is not None:
                 return refusal
         answer = await self.scheduler.ask(message, timeout=timeout)

@@ -79,6 +79,8 @@ class Ticket:
     upstream_at: float | None = None  # the first attempt's request handed to the HTTP client
     # Workers its attempts went to, in order, once it waits in the queue for a retry.
     tried: tuple[str, ...] = ()
+    # Its requests/s already charged at the door (``ChargeRequest``): Submit skips it.
+    request_charged: bool = False
 
     def requeue_for_retry(self, tried: tuple[str, ...]) -> None:
         """Back to waiting: a fresh one-shot for the retry's worker (the old one is spent)."""
@@ -94,6 +96,16 @@ class Submit:
     """Ask: admit and queue (or assign at once). Replies None or a ``Refused``."""
 
     ticket: Ticket
+
+
+@dataclass(frozen=True)
+class ChargeRequest:
+    """Ask: charge one request to ``tenant``'s requests/s now, before the cache
+    answers it or it joins a flight (a ticket made for it afterwards has
+    ``request_charged``). Replies None or a ``Refused``."""
+
+    tenant: str
+    policy: Policy | None = None  # the request's policy (the shared limits read it)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ Every h1/h2 response advertises ``alt-svc: h3=":P"; ma=3600``, so clients
 that start on TCP can move to HTTP/3.
 
 Returning clients resume instead of repeating the full handshake: on TCP with
-TLS 1.3 session tickets (OpenSSL issues two per connection, and the ticket key
-lives as long as the server's one ``SSLContext``); on QUIC with tickets kept
-in ``QUIC_SESSION_TICKETS`` (see ``install_hypercorn_patches``). Nagle is off
+TLS 1.3 (and 1.2) session tickets (OpenSSL issues two per connection), sealed
+under keys rotated every ``ticket_rotation_s`` (``gateway.ticket_keys``); on
+QUIC with tickets kept in ``QUIC_SESSION_TICKETS`` (see
+``install_hypercorn_patches``), retired on the same schedule. Nagle is off
 (``TCP_NODELAY``) on the listening sockets and, through asyncio, on every
 accepted one, so each SSE token leaves as soon as it is written.
 
@@ -28,6 +29,7 @@ import logging
 
 import asyncio
 import copy
+import datetime
 import errno
 import functools
 import socket
@@ -48,6 +50,8 @@ from hypercorn.events import Closed
 from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
+from gateway.cert_reload import (ACTIVE_CERTIFICATES, CertificateReloader,
+                                 install_quic_certificate_registry, register_tls_context)
 from gateway.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
 from gateway.h2_budget import H2Limits
 from gateway.h2_guard import install_h2_guard
@@ -57,6 +61,7 @@ from gateway.write_coalescing import install_write_coalescing
 from hedgerow.hypercorn_eof import install_eof_fix
 from hedgerow.decimal_text import parse_decimal
 from gateway.quic_tickets import QuicTicketStore
+from gateway.ticket_keys import DEFAULT_ROTATION_S, TicketKeyRing, install_ticket_keys
 
 __all__ = [
     "QUIC_SESSION_TICKETS",
@@ -120,6 +125,10 @@ class TlsConfig(Config):
 
     h2_limits: H2Limits = H2Limits()
 
+    # Seals and opens the TCP session tickets (None: OpenSSL's one key for the
+    # context's life). Shared by copies of the config, as the context is.
+    ticket_keys: TicketKeyRing | None = None
+
     def create_ssl_context(self) -> ssl.SSLContext | None:
         context = super().create_ssl_context()
         if context is None:
@@ -129,6 +138,9 @@ class TlsConfig(Config):
         # OP_NO_TICKET: session tickets are how returning TLS clients resume.
         context.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_CIPHER_SERVER_PREFERENCE
         context.options &= ~ssl.OP_NO_TICKET
+        register_tls_context(context)  # the certificate reloader in force, if any
+        if self.ticket_keys is not None:
+            install_ticket_keys(context, self.ticket_keys)  # warns if it cannot
         return context
 
 
@@ -154,11 +166,14 @@ def build_config(
     graceful_timeout_s: float = 5.0,
     h2_limits: H2Limits = H2Limits(),
     max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION,
+    ticket_rotation_s: float | None = DEFAULT_ROTATION_S,
 ) -> Config:
     """Hypercorn config for TLS on TCP (h2, http/1.1) and, if http3, QUIC on UDP.
 
     ``host`` is one IP literal or several (e.g. ``["127.0.0.1", "::1"]``);
     all share ``port``. Port 0 means "pick one free on TCP and UDP alike".
+    Session ticket keys (TCP) and tickets (QUIC) are rotated every
+    ``ticket_rotation_s`` (None: never, OpenSSL's and aioquic's defaults).
     """
     hosts = [host] if isinstance(host, str) else list(host)
     if not hosts:
@@ -183,6 +198,8 @@ def build_config(
     config.h11_max_incomplete_size = MAX_HEADER_BYTES
     config.h2_max_header_list_size = H2_MAX_HEADER_LIST_BYTES
     config.read_timeout = None
+    if ticket_rotation_s is not None:
+        config.ticket_keys = TicketKeyRing(ticket_rotation_s)
     return config
 
 
@@ -193,6 +210,7 @@ async def serve(
     *,
     connection_cap: ConnectionCap | None = None,
     quic_door: QuicFrontDoor | None = None,
+    certificates: CertificateReloader | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown_trigger()`` returns, then drain and return.
@@ -204,10 +222,15 @@ async def serve(
     gets the default limits. Cancelling ``serve`` also
     drains gracefully (bounded by ``config.graceful_timeout``) before the
     cancellation propagates, so listeners are never abandoned half-open.
+    With ``certificates``, the listeners' TLS and QUIC contexts are registered
+    with it, so it can load a renewed certificate into them (``gateway.cert_reload``).
     A failure inside hypercorn (e.g. the app's lifespan startup) propagates
     wrapped in an ExceptionGroup, as from any anyio task group.
     """
     install_hypercorn_patches(QUIC_SESSION_TICKETS)
+    ring = getattr(config, "ticket_keys", None)
+    QUIC_SESSION_TICKETS.rotate_every(
+        None if ring is None else datetime.timedelta(seconds=ring.period_s))
     listeners = bind_listeners(config)
     try:
         config = _with_alt_svc(config, listeners)
@@ -215,7 +238,7 @@ async def serve(
         stop = anyio.Event()
         async with anyio.create_task_group() as task_group:
             task_group.start_soon(_serve_until_stopped, app, config, listeners, stop,
-                                  connection_cap, quic_door)
+                                  connection_cap, quic_door, certificates)
             try:
                 await shutdown_trigger()
             finally:
@@ -229,11 +252,14 @@ async def serve(
 async def _serve_until_stopped(
     app: ASGIFramework, config: Config, listeners: Listeners, stop: anyio.Event,
     connection_cap: ConnectionCap | None, quic_door: QuicFrontDoor | None,
+    certificates: CertificateReloader | None = None,
 ) -> None:
     # This task's own context: hypercorn's worker, started from it, opens its
-    # TLS listeners through the cap (``HypercornAsyncio.start_server``).
+    # TLS listeners through the cap (``HypercornAsyncio.start_server``) and
+    # builds its TLS and QUIC contexts where the certificate reloader sees them.
     ACTIVE_CAP.set(connection_cap)
     ACTIVE_QUIC_DOOR.set(quic_door or QuicFrontDoor(QuicLimits(), connection_cap))
+    ACTIVE_CERTIFICATES.set(certificates)
     # Shielded: hypercorn's shutdown path awaits (closing servers, draining
     # connections); under a cancelled scope those awaits would be cut short.
     # ``stop`` is what ends it, and the caller sets it on cancellation too.
@@ -359,7 +385,7 @@ def _with_alt_svc(config: Config, listeners: Listeners) -> Config:
 
 
 def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
-    """Fill seven gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
+    """Fill eight gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
 
     1. ``hypercorn/protocol/quic.py`` builds ``QuicConnection(configuration=...,
        original_destination_connection_id=...)`` without aioquic's
@@ -386,11 +412,15 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
        ``ConnectionCap``; half-open ones are capped (in all and per source)
        and time out, a Retry proves a client's address under load, and HTTP/3
        header sections and QPACK state are bounded (``gateway.quic_cap``).
+    8. The QUIC certificate was read once per listener, out of reach: each
+       ``QuicProtocol``'s configuration is registered with the certificate
+       reloader in force (``gateway.cert_reload``).
     """
     install_h2_guard()
     install_write_coalescing()
     install_eof_fix()
     install_quic_cap()
+    install_quic_certificate_registry()
     hooks = tickets.hooks()
     hypercorn.protocol.quic.QuicConnection = functools.partial(  # type: ignore[misc]
         aioquic.quic.connection.QuicConnection,

@@ -19,8 +19,10 @@ from typing import Any
 import anyio
 import orjson
 
+from hedgerow.body_budget import BodyBudget
 from hedgerow.decimal_text import MAX_DIGITS, parse_decimal
 from hedgerow.errors import (
+    BodyBudgetExhausted,
     HedgerowError,
     InvalidRequest,
     MethodNotAllowed,
@@ -73,34 +75,50 @@ class Request:
         pairs = (p.split("=", 1) for p in raw.split("&") if p)
         return {p[0]: (p[1] if len(p) > 1 else "") for p in pairs}
 
-    async def body(self, limit: int, *, deadline_s: float | None = None) -> bytes:
+    async def body(self, limit: int, *, deadline_s: float | None = None,
+                   budget: BodyBudget | None = None) -> bytes:
         """Read the whole body, refusing early once it exceeds ``limit`` bytes,
         or once it has taken more than ``deadline_s`` seconds to arrive (the
         server's header timer stops at the end of the headers; a client that
-        trickles its body would otherwise hold the connection for ever)."""
+        trickles its body would otherwise hold the connection for ever).
+        With ``budget``, the bytes buffered count against it while the body is
+        read; a body that does not fit is refused at once (503)."""
         declared = self._declared_length()
         if declared is not None and declared > limit:
             await self._discard_rest(declared)
             self.body_done = True
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        if budget is not None and declared is not None and not budget.fits(declared):
+            await self._discard_rest(declared)
+            self.body_done = True
+            raise _budget_exhausted()
         due = math.inf if deadline_s is None else anyio.current_time() + deadline_s
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await self._receive_by(due, deadline_s)
-            if message["type"] == "http.disconnect":
-                raise anyio.get_cancelled_exc_class()()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                if message.get("more_body", False):
-                    await self._discard_rest(None)
-                self.body_done = True
-                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                self.body_done = True
-                return b"".join(chunks)
+        try:
+            while True:
+                message = await self._receive_by(due, deadline_s)
+                if message["type"] == "http.disconnect":
+                    raise anyio.get_cancelled_exc_class()()
+                chunk = message.get("body", b"")
+                if size + len(chunk) > limit:
+                    if message.get("more_body", False):
+                        await self._discard_rest(None)
+                    self.body_done = True
+                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+                if budget is not None and not budget.try_reserve(len(chunk)):
+                    if message.get("more_body", False):
+                        await self._discard_rest(None)
+                    self.body_done = True
+                    raise _budget_exhausted()
+                size += len(chunk)  # reserved, when there is a budget
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    self.body_done = True
+                    return b"".join(chunks)
+        finally:
+            if budget is not None:
+                budget.release(size)  # read or refused: no longer buffered here
 
     def _declared_length(self) -> int | None:
         """The request's ``content-length``; 400 when it is not a plain decimal.
@@ -127,6 +145,11 @@ class Request:
 
     async def _discard_rest(self, declared: int | None) -> None:
         await discard_request_body(self.scope, self.receive, declared)
+
+
+def _budget_exhausted() -> BodyBudgetExhausted:
+    return BodyBudgetExhausted("too many request bodies are being received at once; retry "
+                               "shortly", retry_after=1)
 
 
 async def discard_request_body(scope: Scope, receive: Receive, declared: int | None = None) -> None:

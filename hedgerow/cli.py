@@ -283,6 +283,42 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="override one per-connection HTTP/2 flood budget, e.g. "
                          "pings_per_s=20 (repeatable; names and defaults: docs/security.md, "
                          "'Front door: HTTP/2')")
+    from gateway.source_limits import BURST_S, SourceLimitsConfig  # light: no I/O, no deps
+
+    limits = SourceLimitsConfig()
+    gw.add_argument("--max-connections-per-ip", type=int, default=limits.max_open_per_ip,
+                    metavar="N", help="open TCP connections from one client IP at most; "
+                    f"beyond it new ones are closed before TLS (default {limits.max_open_per_ip}; "
+                    "0: no limit)")
+    gw.add_argument("--max-connections-per-prefix", type=int,
+                    default=limits.max_open_per_prefix, metavar="N",
+                    help="the same for one /24 (IPv4) or /64 (IPv6) "
+                         f"(default {limits.max_open_per_prefix}; 0: no limit)")
+    gw.add_argument("--new-connections-per-ip", type=float, default=limits.rate_per_ip,
+                    metavar="PER_S", help="new TCP connections per second from one client IP, "
+                    f"with a burst of {BURST_S:g} s worth; beyond it they are closed before TLS "
+                    f"(default {limits.rate_per_ip:g}; 0: no limit)")
+    gw.add_argument("--new-connections-per-prefix", type=float,
+                    default=limits.rate_per_prefix, metavar="PER_S",
+                    help="the same for one /24 (IPv4) or /64 (IPv6) "
+                         f"(default {limits.rate_per_prefix:g}; 0: no limit)")
+    gw.add_argument("--connection-limits-exempt", default=",".join(limits.exempt),
+                    metavar="CIDR,...", help="client networks the per-client limits never "
+                    "apply to (default: loopback, " + ",".join(limits.exempt) + "; "
+                    "'none': no exemption). A reverse proxy in front makes every client "
+                    "its address: exempt it, or limit at the proxy")
+    gw.add_argument("--certificate-poll-s", type=float, default=5.0, metavar="S",
+                    help="check --certfile/--keyfile for a change this often and load a "
+                         "changed pair without dropping connections (default 5; 0: only on "
+                         "SIGHUP, which always reloads)")
+    gw.add_argument("--tls-ticket-rotation-s", type=float, default=3600.0, metavar="S",
+                    help="rotate the TLS session ticket keys (TCP) and retire QUIC tickets "
+                         "this often; a ticket resumes during its period and the next "
+                         "(default 3600)")
+    gw.add_argument("--max-buffered-body-bytes", type=int, default=64 * 1024 * 1024,
+                    metavar="N", help="request body bytes being received at once, all "
+                    "requests together; a body that does not fit gets a 503 at once "
+                    "(default 67108864: 64 MiB)")
     add_trust_arguments(gw)
     gw.set_defaults(run=_run_gateway)
 
@@ -539,6 +575,27 @@ def _run_gateway(args: argparse.Namespace) -> int:
         print("hedgerow: --max-requests-per-connection must be at least 1", file=sys.stderr)
         return 1
     from gateway.h2_budget import parse_h2_limits
+    if not 0 < args.tls_ticket_rotation_s < float("inf"):
+        print("hedgerow: --tls-ticket-rotation-s must be a positive number", file=sys.stderr)
+        return 1
+    if args.max_buffered_body_bytes < 1:
+        print("hedgerow: --max-buffered-body-bytes must be at least 1", file=sys.stderr)
+        return 1
+    if not args.certificate_poll_s >= 0:
+        print("hedgerow: --certificate-poll-s must be 0 or more", file=sys.stderr)
+        return 1
+    from gateway.source_limits import SourceLimitsConfig
+
+    try:
+        source_limits = SourceLimitsConfig(
+            max_open_per_ip=args.max_connections_per_ip,
+            max_open_per_prefix=args.max_connections_per_prefix,
+            rate_per_ip=args.new_connections_per_ip,
+            rate_per_prefix=args.new_connections_per_prefix,
+            exempt=_networks(args.connection_limits_exempt))
+    except ValueError as error:
+        print(f"hedgerow: per-client connection limits: {error}", file=sys.stderr)
+        return 1
     from gateway.main import default_gateway_id
 
     try:
@@ -561,9 +618,19 @@ def _run_gateway(args: argparse.Namespace) -> int:
         metrics_token=metrics_token, max_connections=args.max_connections,
         quic=quic_limits,
         max_requests_per_connection=args.max_requests_per_connection, h2_limits=h2_limits,
+        source_limits=source_limits, certificate_poll_s=args.certificate_poll_s,
+        ticket_rotation_s=args.tls_ticket_rotation_s,
+        max_buffered_body_bytes=args.max_buffered_body_bytes,
     )
     return _run_reporting_setup_errors(
         lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
+
+
+def _networks(text: str) -> tuple[str, ...]:
+    """A comma-separated list of networks; "none" (or nothing): an empty one."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def _run_worker(args: argparse.Namespace) -> int:

@@ -204,6 +204,15 @@ class GatewayDraining(HedgerowError):
     default_code = "gateway_draining"
 
 
+class BodyBudgetExhausted(HedgerowError):
+    """Too many request bodies are being read at once (``hedgerow.body_budget``):
+    refused at once rather than queued; retry shortly."""
+
+    status = 503
+    error_type = "service_unavailable"
+    default_code = "body_budget_exhausted"
+
+
 class PolicyUnavailable(HedgerowError):
     """No policy in force yet: the gateway follows the control plane's and has
     not received one (an operator pins one with ``--policy``)."""

@@ -173,28 +173,49 @@ class Admission:
         now: float,
         *,
         queue_length: int,
+        charge_request: bool = True,
     ) -> AdmissionDecision:
         """Decide on one request.
 
         ``deadline_s`` is the time the request has left (seconds from ``now``);
         ``queue_length`` is how many requests wait now in what ``max_queue``
         bounds (all models together, if the bound is global).
+        ``charge_request=False``: the request's requests/s was charged already
+        (``charge_request``), so that bucket is neither checked nor taken.
         """
         if not (estimated_tokens >= 0 and math.isfinite(estimated_tokens)):
             raise ValueError(f"estimated_tokens must be finite and >= 0, not {estimated_tokens!r}")
         state = self._state(tenant)
         charge = state.token_charge(estimated_tokens)
-        refusal = self._tenant_refusal(tenant, state, charge, now) or self._capacity_refusal(
+        refusal = self._tenant_refusal(tenant, state, charge, now,
+                                       check_requests=charge_request) or self._capacity_refusal(
             predicted_wait_s, predicted_prefill_s, deadline_s, queue_length
         )
         if refusal is not None:
             return refusal
-        if state.requests is not None:
+        if state.requests is not None and charge_request:
             state.requests.try_take(1.0, now)
         if state.tokens is not None:
             state.tokens.try_take(charge, now)
         state.active += 1
         return Admitted(tenant, charge)
+
+    def charge_request(self, tenant: str, now: float) -> Refused | None:
+        """A request answered without a worker (a cache hit, a single-flight join):
+        it counts against the tenant's requests/s like any other, so cached
+        answers cannot lift a tenant past its rate. Nothing else is charged: it
+        generates no tokens and waits in no queue. None: charged; a ``Refused``
+        (429 ``requests_rate``): the bucket is empty, nothing taken."""
+        state = self._state(tenant)
+        if state.requests is None:
+            return None
+        wait = state.requests.time_until(1.0, now)
+        if wait > 0:
+            return self._refuse(429, "requests_rate", wait,
+                                f"tenant {tenant!r} exceeded {state.requests.rate_per_s:g} "
+                                "requests per second")
+        state.requests.try_take(1.0, now)
+        return None
 
     def settle(self, tenant: str, estimated: float, actual: float, now: float) -> float:
         """Correct the tenant's token bucket once actual usage is known.
@@ -236,13 +257,14 @@ class Admission:
         return state
 
     def _tenant_refusal(
-        self, tenant: str, state: _TenantState, charge: float, now: float
+        self, tenant: str, state: _TenantState, charge: float, now: float,
+        *, check_requests: bool = True,
     ) -> Refused | None:
         limit = state.limits.max_concurrency
         if limit is not None and state.active >= limit:
             return self._refuse(429, "concurrency", self.concurrency_retry_after_s,
                                 f"tenant {tenant!r} already has {limit} requests open")
-        if state.requests is not None:
+        if state.requests is not None and check_requests:
             wait = state.requests.time_until(1.0, now)
             if wait > 0:
                 return self._refuse(429, "requests_rate", wait,

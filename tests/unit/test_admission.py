@@ -240,3 +240,27 @@ def test_prediction_is_monotone_in_queue_length(samples: list[float], ahead: int
     shorter = predictor.predict_wait(ahead, active, slots)
     longer = predictor.predict_wait(ahead + more, active, slots)
     assert 0 <= shorter <= longer
+
+
+def test_a_request_without_a_worker_is_charged_to_the_requests_rate_only() -> None:
+    limits = AdmissionLimits(requests_per_s=1, requests_burst=2, tokens_per_min=60,
+                             max_concurrency=1)
+    adm = Admission({"t": limits}, max_queue=10)
+    assert adm.charge_request("t", 0.0) is None
+    assert adm.charge_request("t", 0.0) is None
+    refused = adm.charge_request("t", 0.0)
+    assert refused is not None and (refused.status, refused.reason) == (429, "requests_rate")
+    assert refused.retry_after_s == pytest.approx(1.0)
+    assert adm.active("t") == 0  # no concurrency slot held
+    assert adm.charge_request("t", 1.0) is None  # refilled
+    # A tenant without a requests/s limit is never refused here.
+    assert all(adm.charge_request("other", 0.0) is None for _ in range(100))
+
+
+def test_a_request_charged_at_the_door_is_not_charged_again_at_admission() -> None:
+    adm = Admission({"t": AdmissionLimits(requests_per_s=1, requests_burst=1)}, max_queue=10)
+    assert adm.charge_request("t", 0.0) is None  # the bucket is now empty
+    decision = adm.admit("t", 0, 0.0, 0.0, 10.0, 0.0, queue_length=0, charge_request=False)
+    assert isinstance(decision, Admitted)
+    refused = adm.admit("t", 0, 0.0, 0.0, 10.0, 0.0, queue_length=0)
+    assert isinstance(refused, Refused) and refused.reason == "requests_rate"

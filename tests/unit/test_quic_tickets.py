@@ -120,3 +120,26 @@ def test_store_matches_a_bounded_lru_model(
         else:
             assert store.pop(label, now=T0) is model.pop(label, None)
         assert len(store) == len(model) <= max_tickets
+
+
+def test_a_ticket_resumes_across_one_rotation_and_not_two() -> None:
+    store = QuicTicketStore(max_age=48 * HOUR)
+    store.rotate_every(HOUR)  # T0 is on an hour: periods start at T0, T0+1h, ...
+    store.add(make_ticket(b"early"), now=T0 + datetime.timedelta(minutes=5))
+    store.add(make_ticket(b"late"), now=T0 + datetime.timedelta(minutes=59))
+    store.add(make_ticket(b"gone"), now=T0 + datetime.timedelta(minutes=59))
+    # One rotation later (the next hour): both still resume, however early they came.
+    assert store.pop(b"early", now=T0 + HOUR + datetime.timedelta(minutes=59)) is not None
+    # Two rotations later: retired, even though its own lifetime has 22 h left.
+    assert store.pop(b"late", now=T0 + 2 * HOUR) is None
+    assert store.prune(now=T0 + 2 * HOUR) == 1  # "gone", retired by rotation
+    stats = store.statistics()
+    assert (stats.resumed, stats.rotated, stats.expired, stats.stored) == (1, 2, 0, 0)
+
+
+def test_rotation_off_keeps_the_ticket_lifetime() -> None:
+    store = QuicTicketStore(max_age=48 * HOUR)
+    store.add(make_ticket(b"a"), now=T0)
+    assert store.pop(b"a", now=T0 + 20 * HOUR) is not None
+    with pytest.raises(ValueError):
+        store.rotate_every(datetime.timedelta(0))

@@ -1,0 +1,182 @@
+"""One client IP floods the gateway with connections; another is still served.
+
+The gateway is capped at 64 open connections in all and 8 per client IP,
+with at most 20 new connections a second per IP (burst 40). From 127.0.0.2
+(loopback holds all of 127/8) a flood opens TCP connections for 3 s, one
+every 2 ms: held open and never starting TLS, or opened and dropped at once.
+Meanwhile a client from 127.0.0.1 makes a new TLS connection for every
+request, five a second. Asserted, while the flood runs:
+
+- the flood's connections beyond the per-IP limits are closed by the gateway
+  within CUT_BUDGET_S of opening (at accept, not by the 5 s handshake
+  timer), and no more than 8 stay open;
+- every request of the other client succeeds, each within SERVED_BUDGET_S.
+
+Without the per-IP limits, the held flood alone (about 1,500 connections)
+would fill the 64-connection cap and the other client's new connections would
+be refused: the cap would protect the gateway, not its other clients.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.capped import start_capped_stack
+from tests.support.stack import Stack
+from tests.support.streams import chat_body, client
+
+pytestmark = pytest.mark.e2e
+
+CAP = 64
+PER_IP = 8
+RATE_PER_IP = 20
+FLOOD_S = 3.0
+FLOOD_EVERY_S = 0.002
+FLOOD_MAX = 1500
+ATTACKER = "127.0.0.2"
+CUT_BUDGET_S = 1.0
+SERVED_BUDGET_S = 2.0
+MIN_SERVED = 5
+# The other client is well behaved: a new connection at most this often
+# (5/s, well under the per-IP rate it is subject to as well).
+SERVED_EVERY_S = 0.2
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = start_capped_stack(
+        tmp_path_factory.mktemp("per-ip"), CAP, "--drain-timeout-s", "1",
+        "--max-connections-per-ip", str(PER_IP), "--new-connections-per-ip", str(RATE_PER_IP),
+        # 127.0.0.1 and .2 share a /24: the prefix limits are not what is tested here.
+        "--max-connections-per-prefix", "0", "--new-connections-per-prefix", "0",
+        # Loopback is exempt by default (local proxies, health checks, load generators).
+        "--connection-limits-exempt", "none")
+    try:
+        yield stack
+    finally:
+        stack.stop_all()
+
+
+@dataclass
+class Flood:
+    """What the flood saw: seconds each refused connection lived, the ones still open."""
+
+    hold: bool
+    cut_after: list[float] = field(default_factory=list)
+    still_open: int = 0
+    opened: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def _flood(port: int, flood: Flood) -> None:
+    """Open connections from ATTACKER until FLOOD_S or FLOOD_MAX; note when each is cut."""
+    opened_at: dict[socket.socket, float] = {}
+    with selectors.DefaultSelector() as selector:
+
+        def harvest(timeout: float) -> None:
+            for key, _ in selector.select(timeout):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                try:
+                    if sock.recv(1):
+                        continue
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    pass
+                flood.cut_after.append(time.monotonic() - opened_at.pop(sock))
+                selector.unregister(sock)
+                sock.close()
+
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < FLOOD_S and flood.opened < FLOOD_MAX:
+                try:
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=2,
+                                                    source_address=(ATTACKER, 0))
+                except OSError as error:  # the accept queue full, say: the flood goes on
+                    flood.errors.append(repr(error))
+                    continue
+                flood.opened += 1
+                if not flood.hold:
+                    sock.close()
+                    continue
+                sock.setblocking(False)
+                opened_at[sock] = time.monotonic()
+                selector.register(sock, selectors.EVENT_READ)
+                harvest(FLOOD_EVERY_S)
+            harvest(CUT_BUDGET_S)  # the last ones' closes, within their budget
+            flood.still_open = len(opened_at)
+        finally:
+            for sock in opened_at:
+                sock.close()
+
+
+def _served_meanwhile(stack: Stack, flood_thread: threading.Thread) -> list[float]:
+    """Requests from 127.0.0.1, a new connection each, while the flood runs: latencies."""
+    latencies: list[float] = []
+    while flood_thread.is_alive() or len(latencies) < MIN_SERVED:
+        started = time.monotonic()
+        with client(stack, timeout=10) as http:
+            response = http.post("/v1/chat/completions", json=chat_body(4))
+        latencies.append(time.monotonic() - started)
+        assert response.status_code == 200 and response.text.rstrip().endswith("[DONE]")
+        time.sleep(max(0.0, SERVED_EVERY_S - latencies[-1]))
+    return latencies
+
+
+def _refused(stack: Stack) -> dict[str, float]:
+    return {sample.labels["limit"]: sample.value
+            for family in text_string_to_metric_families(stack.gateway_metrics())
+            for sample in family.samples
+            if sample.name == "hedgerow_connections_refused_per_client_total"}
+
+
+def _attack(stack: Stack, hold: bool) -> tuple[Flood, list[float]]:
+    with client(stack) as warm:  # the first request loads what serving needs
+        assert warm.post("/v1/chat/completions", json=chat_body(4)).status_code == 200
+    flood = Flood(hold=hold)
+    thread = threading.Thread(target=_flood, args=(stack.gateway_port, flood))
+    thread.start()
+    try:
+        latencies = _served_meanwhile(stack, thread)
+    finally:
+        thread.join(FLOOD_S + 10)
+    assert not thread.is_alive()
+    return flood, latencies
+
+
+def test_held_connections_from_one_ip_are_cut_and_others_served(stack: Stack) -> None:
+    before = _refused(stack)
+    flood, latencies = _attack(stack, hold=True)
+    assert flood.opened > 3 * CAP, flood  # enough to fill the cap many times over
+    assert flood.still_open == PER_IP, flood.still_open
+    assert len(flood.cut_after) == flood.opened - PER_IP
+    assert max(flood.cut_after) < CUT_BUDGET_S, sorted(flood.cut_after)[-5:]
+    assert max(latencies) < SERVED_BUDGET_S, sorted(latencies)
+    after = _refused(stack)
+    refused = {limit: after[limit] - before.get(limit, 0.0) for limit in after}
+    # Held connections hit the open limit first; once the burst is spent, the rate.
+    assert refused["ip_open"] + refused["ip_rate"] == flood.opened - PER_IP, refused
+    assert refused["prefix_open"] == refused["prefix_rate"] == 0
+
+
+def test_churned_connections_from_one_ip_hit_the_rate_and_others_served(
+        stack: Stack) -> None:
+    time.sleep(2 * 40 / RATE_PER_IP)  # the attacker's bucket refills after the first test
+    before = _refused(stack)
+    flood, latencies = _attack(stack, hold=False)
+    assert max(latencies) < SERVED_BUDGET_S, sorted(latencies)
+    refused = _refused(stack)["ip_rate"] - before.get("ip_rate", 0.0)
+    # At most the burst (40) and 20/s for the flood's 3 s were let through.
+    assert refused >= flood.opened - (2 * RATE_PER_IP + RATE_PER_IP * FLOOD_S) - 10, (
+        refused, flood.opened)
+    assert flood.opened > 3 * CAP
