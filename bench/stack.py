@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from hedgerow.trust.pem import KEY_MODE, write_atomically
+
 START_TIMEOUT_S = 60.0
 
 
@@ -147,7 +149,7 @@ class Stack:
                 reply = admin.post("/v1/tokens", json={"role": role, "ttl_s": 86400})
             reply.raise_for_status()
             token = self.root / f"{role}.token"
-            token.write_text(reply.json()["token"])
+            write_atomically(token, reply.json()["token"].encode(), mode=KEY_MODE)
             self._tokens[role] = token
         return ["--join-url", self.join_url, "--join-token-file", str(token),
                 "--ca-file", str(self.cluster_ca)]

@@ -13,13 +13,16 @@ from hedgerow.errors import InvalidRequest
 from hedgerow.wire import AdminOnlyField
 
 MAX_BODY = 64 * 1024
+# A body must arrive within this of its headers: a client that trickles one (on the
+# join listener, needing no certificate) must not hold a connection for ever.
+BODY_DEADLINE_S = 10.0
 
 M = TypeVar("M", bound=BaseModel)
 
 
 async def parse_body(request: Request, model: type[M], what: str, *,
                      limit: int = MAX_BODY) -> M:
-    body = await request.body(limit)
+    body = await request.body(limit, deadline_s=BODY_DEADLINE_S)
     try:
         return model.model_validate(orjson.loads(body))
     except orjson.JSONDecodeError as error:

@@ -94,8 +94,7 @@ async def run_control_plane(
             # Tokens and revocations reach every replica on this Redis.
             trust.shared = SharedTrust(redis, trust.book_mac_key())
             await trust.refresh()
-            shared_book = trust.shared
-            supervisor.run_service("trust-sync", lambda: shared_book.follow(trust.book))
+            supervisor.run_service("trust-sync", trust.follow_shared)
         factory = registry_actor_factory(redis, lease_s, published, metrics)
         if factory is None:
             factory = lambda: RegistryActor(registry, published, metrics)  # noqa: E731

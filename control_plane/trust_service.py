@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import orjson
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -28,13 +29,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from redis.exceptions import RedisError
 
-from control_plane.shared_trust import HOLDERS, REVOKED, TOKENS, SharedTrust, mac_key_for
+from control_plane.shared_trust import (HOLDERS, REVOKED, SYNC_S, TOKENS, SharedTrust,
+                                        mac_key_for)
 from hedgerow.errors import AuthenticationFailed, PermissionDenied
-from hedgerow.trust.ca import ClusterCA, csr_public_key
+from hedgerow.trust.ca import CaError, ClusterCA, csr_public_key
 from hedgerow.trust.credentials import Credentials
 from hedgerow.trust.identity import Identity, Role
 from hedgerow.trust.peer import PEER, Peer
-from hedgerow.trust.pem import KEY_MODE, cert_pem, write_atomically
+from hedgerow.trust.pem import KEY_MODE, cert_pem, check_private_directory, write_atomically
 from hedgerow.trust.tokens import TrustBook
 
 log = logging.getLogger("hedgerow.control_plane.trust")
@@ -74,11 +76,16 @@ class TrustService:
         # With --redis: the book shared with the other replicas (control_plane.shared_trust).
         self.shared: SharedTrust | None = None
         self._changed: list[tuple[str, str]] = []
+        self._saved_digest = self.book.digest()
 
     @classmethod
     def open(cls, state_dir: Path, *, ca_cert: Path | None = None, ca_key: Path | None = None,
              cert_ttl_s: float = DEFAULT_CERT_TTL_S) -> TrustService:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            check_private_directory(state_dir)  # before any key in it is believed
+        except ValueError as error:
+            raise CaError(str(error)) from None
         now = datetime.datetime.now(datetime.UTC)
         if ca_cert is not None and ca_key is not None:
             ca = ClusterCA.load(ca_cert, ca_key)
@@ -205,6 +212,20 @@ class TrustService:
         """Take in the other replicas' tokens and revocations now (before a join)."""
         if self.shared is not None:
             await self.shared.sync_once(self.book)
+            self.save_if_changed()
+
+    def save_if_changed(self) -> None:
+        """Keep what merges brought in (others' revocations) in trust.json too, so a
+        restart with Redis emptied does not forget them."""
+        seen = self.book.digest()
+        if seen != self._saved_digest:
+            self._save_book()
+
+    async def follow_shared(self) -> None:
+        """Every SYNC_S: the other replicas' changes, merged and kept."""
+        while True:
+            await self.refresh()
+            await anyio.sleep(SYNC_S)
 
     async def flush(self) -> None:
         """Write this replica's changes to the shared book (no-op without Redis)."""
@@ -229,6 +250,7 @@ class TrustService:
 
     def _save_book(self) -> None:
         write_atomically(self._book_path, orjson.dumps(self.book.to_json()), mode=KEY_MODE)
+        self._saved_digest = self.book.digest()
 
 
 def serving_names(hosts: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -198,14 +198,16 @@ def _redis_tls(args: argparse.Namespace) -> RedisTls:
 
 
 def _run_reporting_setup_errors(run: Callable[[], None]) -> int:
-    """``run()``; a ``RedisSetupError`` (wrong CA, password, ACL) ends it with its
-    message and exit status 1 rather than a traceback."""
+    """``run()``; a ``RedisSetupError`` (wrong CA, password, ACL) or a ``CaError`` (an
+    unusable CA or state directory) ends it with its message and exit status 1
+    rather than a traceback."""
     from hedgerow.redis_conn import RedisSetupError
+    from hedgerow.trust.ca import CaError
 
     try:
         run()
-    except (RedisSetupError, BaseExceptionGroup) as error:
-        problem = _setup_error(error, RedisSetupError)
+    except (RedisSetupError, CaError, BaseExceptionGroup) as error:
+        problem = (_setup_error(error, RedisSetupError) or _setup_error(error, CaError))
         if problem is None:
             raise
         logging.getLogger("hedgerow").error("cannot start: %s", problem)

@@ -79,6 +79,12 @@ ACL_RULES = (
     "+evalsha +script|load +script|exists"
 )
 
+# A gateway needs only the response cache and the shared rate limits: give gateways a
+# Redis user of their own with these rules, so a compromised gateway cannot write the
+# registry, the policy or the trust book (which is sealed anyway: control_plane.shared_trust).
+GATEWAY_ACL_RULES = ACL_RULES.replace(
+    "resetkeys ~hedgerow:*", "resetkeys ~hedgerow:cache:* ~hedgerow:ratelimit:*")
+
 
 class RedisSetupError(HedgerowError):
     """Redis is configured so that it can never work (TLS trust, credentials, ACL,

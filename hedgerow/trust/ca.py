@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.types import (CertificateIssuerPr
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from hedgerow.trust.identity import Identity
-from hedgerow.trust.pem import cert_pem, write_cert, write_key
+from hedgerow.trust.pem import cert_pem, check_private_directory, write_cert, write_key
 
 CA_LIFETIME = datetime.timedelta(days=3650)
 # Tolerates this much clock skew between hosts; issuance time is not_before + SKEW.
@@ -76,6 +76,10 @@ class ClusterCA:
     def load_or_create(cls, directory: Path, now: datetime.datetime) -> ClusterCA:
         """The CA kept in ``directory``, made on first use (EC P-256, ten years)."""
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            check_private_directory(directory)
+        except ValueError as error:
+            raise CaError(str(error)) from None
         with open(directory / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # replicas starting together agree on one CA
             cert_path, key_path = directory / CA_FILE, directory / CA_KEY_FILE

@@ -24,6 +24,8 @@ import secrets
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import orjson
+
 from hedgerow.trust.identity import Identity, IdentityError, Role
 
 TOKEN_PREFIX = "hjt"
@@ -188,6 +190,10 @@ class TrustBook:
             if ended + FORGET_AFTER_S < now and not any(
                     h.token_id == token_id for h in self.holders.values()):
                 del self.tokens[token_id]
+
+    def digest(self) -> str:
+        """A short fingerprint of the whole book (to notice a change)."""
+        return hashlib.sha256(orjson.dumps(self.to_json(), option=orjson.OPT_SORT_KEYS)).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
         return {"tokens": [asdict(t) for t in self.tokens.values()],
