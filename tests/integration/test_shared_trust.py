@@ -84,3 +84,41 @@ def test_merging_books_never_undoes_a_revocation() -> None:
     theirs.merge(ours)
     assert theirs.revoked["worker/w"] == 2001.0
     assert ours.is_revoked(Identity("worker", "w"), 1999.0)
+
+
+def test_a_token_forged_into_redis_buys_nothing(replicas: tuple[Stack, str, str],
+                                                redis_server: RedisServer) -> None:
+    """Anyone who can write to Redis (a gateway's user, say) cannot mint a token:
+    entries are sealed with a key derived from the CA's private key."""
+    import hashlib
+
+    import orjson
+    from redis import Redis
+
+    stack, _, join_b = replicas
+    secret = "A" * 43
+    forged = {"token_id": "aaaaaaaaaaaa", "secret_sha256": hashlib.sha256(secret.encode()).hexdigest(),
+              "role": "admin", "created_at": 0.0, "expires_at": 4e9, "name": None,
+              "description": "", "revoked_at": None}
+    client = Redis.from_url(redis_server.url)
+    try:
+        client.hset("hedgerow:trust:tokens", "aaaaaaaaaaaa", orjson.dumps({"r": forged, "m": "0" * 64}))
+        client.hset("hedgerow:trust:revoked", "worker/x", "nan")
+    finally:
+        client.close()
+    time.sleep(1.5)  # a sync or two
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from hedgerow.trust.ca import make_csr
+
+    csr = make_csr(ec.generate_private_key(ec.SECP256R1()), Identity("admin", "pwned")).decode()
+    context = ssl.create_default_context(cafile=stack.cluster_ca)
+    for join in (stack.join_url, join_b):
+        reply = httpx.post(join + "/v1/join", json={"token": f"hjt.aaaaaaaaaaaa.{secret}",
+                                                    "name": "pwned", "csr": csr},
+                           verify=context, timeout=5)
+        assert reply.status_code == 401, reply.text
+    # The replicas still answer (a bad entry is skipped, not fatal) and log it once.
+    with stack.admin() as admin:
+        assert admin.get("/v1/tokens").status_code == 200
+    assert "ignoring hedgerow:trust:tokens entry 'aaaaaaaaaaaa'" in stack.procs[0].log()
