@@ -93,7 +93,7 @@ def test_an_outsider_reaches_nothing_on_the_control_plane(
     with pytest.raises(httpx.HTTPError):  # plain HTTP: the TLS listener hangs up
         httpx.request(method, plain, json=body, timeout=5)
     for what, context in outsider_contexts(stack, tmp_path).items():
-        with pytest.raises(httpx.HTTPError, match=""), httpx.Client(verify=context, timeout=5) as c:
+        with pytest.raises(httpx.HTTPError), httpx.Client(verify=context, timeout=5) as c:
             reply = c.request(method, stack.control_plane_url + path, json=body)
             pytest.fail(f"{what}: {method} {path} answered {reply.status_code}")
     assert stack.worker("sim-a") is not None and stack.worker("evil") is None
@@ -144,7 +144,7 @@ def test_a_joined_name_cannot_be_taken_by_another_joiner(stack: Stack, tmp_path:
                        "--join-url", stack.join_url, "--join-token-file", str(token_file),
                        "--ca-file", str(stack.cluster_ca))
     assert proc.popen.wait(30) == 1
-    assert "409" in proc.log() and "held by another joiner" in proc.log()
+    assert "409" in proc.log() and "is held by a joiner" in proc.log()
 
 
 def test_a_wrong_ca_pin_is_refused_before_the_token_is_sent(stack: Stack, tmp_path: Path) -> None:
