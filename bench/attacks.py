@@ -16,10 +16,28 @@ attack runs, and reports per attack:
 - ``good_before`` / ``good_during``: the good client's p50/p99 seconds,
   requests and errors.
 
-An attack is an ``Attack`` entry: a name, the protocol it targets and a
+An attack is an ``Attack`` entry: a name, the protocol it targets, the
+gateway flags it needs (attacks with the same flags share one gateway) and a
 function that runs it against a ``Stack`` and returns an ``AttackOutcome``.
-QUIC floods or per-IP connection floods join by adding entries (their own
-client in their own module); the measuring around them stays as it is.
+Besides HTTP/2 there are two floods whose drivers the fault tests share
+(``bench.floods``):
+
+- ``quic_initial_flood``: real Initials from 300 source ports at up to 3,000/s
+  for ``FLOOD_S`` (the gateway's default QUIC limits). ``cut_after_s``: from
+  the first Initial to the last handshake the gateway began for the flood
+  (after it, every Initial was Retried or dropped: contained, since a
+  spoofable source cannot be cut); ``got_through``: source ports it began a
+  real handshake for (held state); ``half_open_gone_after_s``: from the
+  flood's end until it holds no half-open connection; ``gateway``: its QUIC
+  counters' increase (Retries, refusals by reason, handshake timeouts).
+- ``tcp_per_ip_flood``: held TCP connections (never starting TLS) from
+  ``PER_IP_SOURCE``, one every 2 ms for ``FLOOD_S``, with loopback not exempt
+  from the per-client limits (their defaults otherwise). ``cut_after_s``: the
+  longest any connection the gateway closed had lived; ``got_through``: the
+  connections still open at the end (what the limits let it keep).
+
+The good client is the same HTTP/2 client throughout (on 127.0.0.1, another
+/24 than ``PER_IP_SOURCE``).
 """
 
 from __future__ import annotations
@@ -33,10 +51,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from hyperframe.frame import Frame
 
+from bench.floods import ConnectionFlood, connection_flood, quic_initial_flood
 from bench.h2raw import RawH2
 from bench.stack import Stack
 
@@ -57,14 +77,19 @@ class AttackOutcome:
     goaway: str | None
     got_through: int
     note: str = ""
+    details: dict[str, Any] = field(default_factory=dict)  # reported as they are
+    # Monotonic time the attack's traffic stopped, when the run went on after it
+    # (waiting for the gateway to clean up): the good client's "during" ends there.
+    traffic_ended: float | None = None
 
 
 @dataclass(frozen=True)
 class Attack:
     name: str
-    protocol: str  # "h2"; later "quic", "tcp" (per-IP floods)
-    cve: str
+    protocol: str  # "h2", "quic", "tcp"
+    cve: str  # "" where the attack has none
     run: Callable[[Stack], AttackOutcome]
+    gateway_args: tuple[str, ...] = ()  # the gateway these run against is started so
 
 
 # -- the good client ------------------------------------------------------------------
@@ -242,6 +267,69 @@ def empty_header_values(stack: Stack) -> AttackOutcome:
         conn.request_headers(conn.new_stream(), extra=[("x-a", "")] * 4000)])
 
 
+# -- QUIC and TCP floods (drivers in bench.floods, shared with tests/faults) -----------
+
+FLOOD_S = 2.0
+QUIC_FLOOD_SOCKETS = 300
+QUIC_FLOOD_PPS = 3000
+HALF_OPEN_WAIT_S = 15.0  # the default handshake timeout (5 s) and slack
+PER_IP_SOURCE = "127.0.1.2"  # loopback holds all of 127/8; not the good client's /24
+PER_IP_EVERY_S = 0.002
+PER_IP_MAX = 1500
+PER_IP_CUT_WAIT_S = 1.0
+
+
+def _quic_metrics(stack: Stack) -> dict[str, float]:
+    """The gateway's QUIC front-door samples: half-open, Retries, refusals by reason."""
+    seen: dict[str, float] = {}
+    for family in text_string_to_metric_families(stack.gateway_metrics()):
+        for sample in family.samples:
+            if sample.name.startswith("hedgerow_quic"):
+                reason = sample.labels.get("reason")
+                seen[f"{sample.name}{{{reason}}}" if reason else sample.name] = sample.value
+    return seen
+
+
+def quic_flood(stack: Stack) -> AttackOutcome:
+    before = _quic_metrics(stack)
+    stop_at = time.monotonic() + FLOOD_S
+    flood = quic_initial_flood(stack.gateway_port, stack.ca_cert, stop_at,
+                               sockets=QUIC_FLOOD_SOCKETS, pps=QUIC_FLOOD_PPS)
+    ended = time.monotonic()
+    gone: float | None = None
+    while time.monotonic() - ended < HALF_OPEN_WAIT_S:
+        if _quic_metrics(stack).get("hedgerow_quic_half_open") == 0:
+            gone = round(time.monotonic() - ended, 2)
+            break
+        time.sleep(0.1)
+    after = _quic_metrics(stack)
+    gateway = {name.removeprefix("hedgerow_quic_"): after[name] - before.get(name, 0.0)
+               for name in after if name.endswith("_total") or "_total{" in name}
+    # Contained: the last handshake the flood got the gateway to begin (state held);
+    # everything after it was answered with a Retry or dropped. Not contained (None)
+    # when it still began new ones in the second half of the flood.
+    last = max(flood.handshakes.values(), default=0.0)
+    return AttackOutcome(
+        round(last, 4) if last < FLOOD_S / 2 else None, None, len(flood.handshakes),
+        traffic_ended=ended,
+        details={"sent": flood.sent, "retries_received": flood.retries,
+                 "bytes_sent": flood.sent_bytes, "bytes_answered": flood.answer_bytes,
+                 "half_open_gone_after_s": gone,
+                 "gateway": {k: v for k, v in sorted(gateway.items()) if v}})
+
+
+def per_ip_flood(stack: Stack) -> AttackOutcome:
+    flood = ConnectionFlood(hold=True)
+    connection_flood(stack.gateway_port, flood, source=PER_IP_SOURCE, duration_s=FLOOD_S,
+                     every_s=PER_IP_EVERY_S, max_count=PER_IP_MAX, cut_wait_s=PER_IP_CUT_WAIT_S)
+    cuts = sorted(flood.cut_after)
+    return AttackOutcome(
+        round(cuts[-1], 4) if cuts else None, None, flood.still_open,
+        details={"opened": flood.opened, "cut": len(cuts),
+                 "cut_p50_s": round(statistics.median(cuts), 4) if cuts else None,
+                 "connect_errors": len(flood.errors)})
+
+
 ATTACKS: tuple[Attack, ...] = (
     Attack("h2_rapid_reset", "h2", "CVE-2023-44487", rapid_reset),
     Attack("h2_server_resets", "h2", "CVE-2019-9514", server_resets),
@@ -251,6 +339,11 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("h2_empty_frames", "h2", "CVE-2019-9518", empty_frames),
     Attack("h2_zero_length_headers", "h2", "CVE-2019-9516", zero_length_headers),
     Attack("h2_empty_header_values", "h2", "CVE-2019-9516", empty_header_values),
+    Attack("quic_initial_flood", "quic", "", quic_flood),
+    # Loopback is exempt from the per-client limits by default (local proxies, health
+    # checks); the flood comes from loopback, so that exemption is lifted here.
+    Attack("tcp_per_ip_flood", "tcp", "", per_ip_flood,
+           gateway_args=("--connection-limits-exempt", "none")),
 )
 
 
@@ -258,9 +351,10 @@ MIN_ATTACK_S = 1.0  # a quick attack is repeated, one connection after another, 
 MAX_REPEATS = 50
 
 
-def _repeated(stack: Stack, attack: Attack) -> dict[str, Any]:
+def _repeated(stack: Stack, attack: Attack) -> tuple[dict[str, Any], float | None]:
     """Run ``attack`` on new connections until MIN_ATTACK_S has passed: the
-    worst cut time and the most any one connection got through."""
+    worst cut time and the most any one connection got through; and when the
+    last run's traffic stopped, if it said."""
     outcomes: list[AttackOutcome] = []
     started = time.monotonic()
     while len(outcomes) < MAX_REPEATS and (not outcomes
@@ -270,7 +364,8 @@ def _repeated(stack: Stack, attack: Attack) -> dict[str, Any]:
     return {"connections": len(outcomes),
             "cut_after_s": None if None in cuts else max(c for c in cuts if c is not None),
             "goaway": sorted({o.goaway or "none" for o in outcomes}),
-            "got_through": max(o.got_through for o in outcomes)}
+            "got_through": max(o.got_through for o in outcomes),
+            **outcomes[-1].details}, outcomes[-1].traffic_ended
 
 
 def attacks(quick: bool, workdir: Path) -> dict[str, Any]:
@@ -281,16 +376,24 @@ def attacks(quick: bool, workdir: Path) -> dict[str, Any]:
     try:
         stack.start_control_plane()
         stack.start_worker("sim-1", *SIM)
-        stack.start_gateway()
+        gateway_args: tuple[str, ...] = ()
+        gateway = stack.start_gateway()
         for attack in ATTACKS:
+            if attack.gateway_args != gateway_args:  # a gateway with the flags it needs
+                gateway.stop(timeout=10)
+                gateway_args = attack.gateway_args
+                gateway = stack.start_gateway(*gateway_args)
             window: dict[str, float] = {}
 
             def measured(attack: Attack = attack) -> dict[str, Any]:
                 window["since"] = time.monotonic()
                 try:
-                    return _repeated(stack, attack)
+                    outcome, traffic_ended = _repeated(stack, attack)
+                    if traffic_ended is not None:
+                        window["until"] = traffic_ended
+                    return outcome
                 finally:
-                    window["until"] = time.monotonic()
+                    window.setdefault("until", time.monotonic())
 
             _, before = good_client_during(stack, lambda: time.sleep(baseline_s), lead_s=0)
             outcome, during = good_client_during(stack, measured)

@@ -21,8 +21,9 @@
                 and one PoP's workers all killed. Needs root (``ip netns``).
 ``cache``       response-cache hit and miss latency through the gateway, semantic
                 precision and recall on the paraphrase set (``bench.cache_scenario``).
-``attacks``     HTTP/2 floods (rapid reset, the 2019 family): per attack, time until
-                the abuser is cut, what it got through, and a good client's p50/p99
+``attacks``     HTTP/2 floods (rapid reset, the 2019 family), a QUIC Initial flood and a
+                per-IP TCP connection flood: per attack, time until the abuser is cut
+                or contained, what it got through, and a good client's p50/p99
                 before and during it (``bench.attacks``).
 ``soak``        mixed traffic with worker kills and freezes for ``--duration``
                 seconds; RSS over time, errors by kind, tasks left (``bench.soak``).

@@ -25,7 +25,7 @@ from gateway.drain import Drain
 from gateway.devcert import ensure_dev_certificate
 from gateway.follower import RegistryFollower
 from gateway.policy_follower import PolicyFollower, RunningPolicy
-from gateway.scheduler import SchedulerActor
+from gateway.scheduler import SchedulerFactory
 from gateway.shared_limits import SharedLimitsScheduler, open_shared_limits
 from gateway.quic_admission import QuicFrontDoor, QuicLimits
 from gateway.h2_budget import H2Limits
@@ -146,9 +146,10 @@ async def run_gateway(
             renewer = tls.renewer()
             if renewer is not None:
                 supervisor.run_service("certificate-renewer", renewer.run)
-            scheduler = await supervisor.spawn(
-                lambda: SchedulerActor(policy, directory, pop=options.pop), name="scheduler",
-                mailbox_size=4096)
+            # Rebuilt after a crash with the policy in force then (apply_policy below).
+            scheduler_factory = SchedulerFactory(policy, directory, pop=options.pop)
+            scheduler = await supervisor.spawn(scheduler_factory, name="scheduler",
+                                               mailbox_size=4096)
             front = scheduler if shared is None else SharedLimitsScheduler(scheduler, shared)
             supervisor.run_service("response-cache", cache.run)
             app = GatewayApp(policy, directory, front,  # type: ignore[arg-type]
@@ -166,6 +167,7 @@ async def run_gateway(
             edge = CorsMiddleware(app, policy.cors, app.router.serves)
 
             async def apply_policy(new: Policy) -> None:
+                scheduler_factory.apply_policy(new)
                 edge.apply_policy(new)
                 await app.apply_policy(new)
 

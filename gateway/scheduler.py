@@ -73,6 +73,29 @@ def admission_from(policy: Policy) -> Admission:
     return Admission(limits, max_queue=policy.scheduling.max_queue)
 
 
+class SchedulerFactory:
+    """Builds the scheduler actor, on start and on every restart after a crash.
+
+    Holds the policy in force (``apply_policy``), so a rebuilt scheduler runs
+    the latest one, not the one the gateway started with.
+    """
+
+    def __init__(self, policy: Policy, directory: LatestValue[RegistrySnapshot],
+                 pop: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self.directory = directory
+        self.pop = pop
+        self.clock = clock
+        self.built = 0  # instances made: 1 + restarts
+
+    def apply_policy(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def __call__(self) -> SchedulerActor:
+        self.built += 1
+        return SchedulerActor(self.policy, self.directory, clock=self.clock, pop=self.pop)
+
+
 class SchedulerActor(Actor):
     tick_interval = 0.02
 
@@ -99,6 +122,10 @@ class SchedulerActor(Actor):
         self.hedge_budget = HedgeBudget(ratio=h.budget_ratio, burst=h.budget_burst)
         self.counters: dict[str, int] = {}
         self.transitions: list[BreakerTransition] = []
+        # Admitted and not yet finished: queued, waiting for a retry's worker, or on a
+        # worker. Bounded by the queues plus the workers' slots. ``on_stop`` needs it:
+        # a ticket popped mid-dispatch by a crash is in no queue any more.
+        self.admitted: set[Ticket] = set()
 
     async def receive(self, message: Any) -> Any:
         now = self.clock()
@@ -129,6 +156,28 @@ class SchedulerActor(Actor):
             case _:
                 raise TypeError(f"unexpected message {message!r}")
         return None
+
+    async def on_stop(self) -> None:
+        """Crashed or stopped: refuse every ticket still waiting for a worker.
+
+        Its queues die with this instance, and the instance rebuilt in its place
+        knows nothing of them, so a waiter would otherwise wait forever. Each gets
+        a prompt, retryable 503 (Retry-After) rather than a re-submit: this
+        instance's state is suspect, and the client's retry is admitted afresh by
+        the new one. Tickets already on a worker run on; the new instance ignores
+        their end (``admitted_by``).
+        """
+        waiting = [t for t in self.admitted if not t.assignment.settled]
+        for ticket in waiting:
+            ticket.handle = None
+            ticket.finished = True
+            ticket.assignment.refuse(NoHealthyWorker(
+                f"request {ticket.request_id} lost its place in the queue (the scheduler "
+                "restarted); retry", code="scheduler_restarted", retry_after=1))
+        self.admitted.clear()
+        if waiting:
+            log.warning("scheduler stopping: %d waiting request(s) refused with a retryable "
+                        "503", len(waiting))
 
     async def on_tick(self) -> None:
         now = self.clock()
@@ -193,6 +242,8 @@ class SchedulerActor(Actor):
         if isinstance(decision, Refused):
             return decision
         ticket.charged = decision.tokens_charged
+        ticket.admitted_by = self
+        self.admitted.add(ticket)
         return None
 
     def _queue_key(self, ticket: Ticket) -> float:
@@ -214,6 +265,8 @@ class SchedulerActor(Actor):
         return queue
 
     def _withdraw(self, ticket: Ticket, now: float) -> None:
+        if ticket not in self.admitted:  # finished, or admitted before a crash and not
+            return                       # queued here since: nothing of it to undo
         if ticket.handle is not None and self._queue(ticket.model).cancel(ticket.handle):
             self._finish_refused(ticket, now, NoHealthyWorker("client went away",
                                                               code="cancelled"))
@@ -300,6 +353,7 @@ class SchedulerActor(Actor):
         if ticket.handle is None:
             self._count("reroute_queue_full")
             return None
+        self.admitted.add(ticket)  # (again, or adopted from before a crash) for on_stop
         self._count("retries")
         self._count("retries_queued")
         return REQUEUED
@@ -392,6 +446,9 @@ class SchedulerActor(Actor):
         if ticket.finished:
             return
         ticket.finished = True
+        self.admitted.discard(ticket)
+        if ticket.admitted_by is not self:  # admitted before a crash: not in these counts
+            return
         self.admission.settle(ticket.tenant, ticket.charged, actual_tokens, now)
         self.admission.release(ticket.tenant)
 

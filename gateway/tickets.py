@@ -81,6 +81,9 @@ class Ticket:
     tried: tuple[str, ...] = ()
     # Its requests/s already charged at the door (``ChargeRequest``): Submit skips it.
     request_charged: bool = False
+    # The scheduler instance that admitted it. A scheduler rebuilt after a crash
+    # starts with empty admission counts: it must not release what it never admitted.
+    admitted_by: object | None = field(default=None, repr=False)
 
     def requeue_for_retry(self, tried: tuple[str, ...]) -> None:
         """Back to waiting: a fresh one-shot for the retry's worker (the old one is spent)."""

@@ -19,16 +19,14 @@ be refused: the cap would protect the gateway, not its other clients.
 
 from __future__ import annotations
 
-import selectors
-import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.floods import ConnectionFlood, connection_flood
 from tests.support.capped import start_capped_stack
 from tests.support.stack import Stack
 from tests.support.streams import chat_body, client
@@ -65,59 +63,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack.stop_all()
 
 
-@dataclass
-class Flood:
-    """What the flood saw: seconds each refused connection lived, the ones still open."""
-
-    hold: bool
-    cut_after: list[float] = field(default_factory=list)
-    still_open: int = 0
-    opened: int = 0
-    errors: list[str] = field(default_factory=list)
-
-
-def _flood(port: int, flood: Flood) -> None:
-    """Open connections from ATTACKER until FLOOD_S or FLOOD_MAX; note when each is cut."""
-    opened_at: dict[socket.socket, float] = {}
-    with selectors.DefaultSelector() as selector:
-
-        def harvest(timeout: float) -> None:
-            for key, _ in selector.select(timeout):
-                sock = key.fileobj
-                assert isinstance(sock, socket.socket)
-                try:
-                    if sock.recv(1):
-                        continue
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    pass
-                flood.cut_after.append(time.monotonic() - opened_at.pop(sock))
-                selector.unregister(sock)
-                sock.close()
-
-        started = time.monotonic()
-        try:
-            while time.monotonic() - started < FLOOD_S and flood.opened < FLOOD_MAX:
-                try:
-                    sock = socket.create_connection(("127.0.0.1", port), timeout=2,
-                                                    source_address=(ATTACKER, 0))
-                except OSError as error:  # the accept queue full, say: the flood goes on
-                    flood.errors.append(repr(error))
-                    continue
-                flood.opened += 1
-                if not flood.hold:
-                    sock.close()
-                    continue
-                sock.setblocking(False)
-                opened_at[sock] = time.monotonic()
-                selector.register(sock, selectors.EVENT_READ)
-                harvest(FLOOD_EVERY_S)
-            harvest(CUT_BUDGET_S)  # the last ones' closes, within their budget
-            flood.still_open = len(opened_at)
-        finally:
-            for sock in opened_at:
-                sock.close()
+def _flood(port: int, flood: ConnectionFlood) -> None:
+    connection_flood(port, flood, source=ATTACKER, duration_s=FLOOD_S, every_s=FLOOD_EVERY_S,
+                     max_count=FLOOD_MAX, cut_wait_s=CUT_BUDGET_S)
 
 
 def _served_meanwhile(stack: Stack, flood_thread: threading.Thread) -> list[float]:
@@ -140,10 +88,10 @@ def _refused(stack: Stack) -> dict[str, float]:
             if sample.name == "hedgerow_connections_refused_per_client_total"}
 
 
-def _attack(stack: Stack, hold: bool) -> tuple[Flood, list[float]]:
+def _attack(stack: Stack, hold: bool) -> tuple[ConnectionFlood, list[float]]:
     with client(stack) as warm:  # the first request loads what serving needs
         assert warm.post("/v1/chat/completions", json=chat_body(4)).status_code == 200
-    flood = Flood(hold=hold)
+    flood = ConnectionFlood(hold=hold)
     thread = threading.Thread(target=_flood, args=(stack.gateway_port, flood))
     thread.start()
     try:

@@ -37,12 +37,14 @@ import pytest
 from aioquic.asyncio import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.buffer import encode_uint_var
-from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, H3Connection
+from aioquic.h3.connection import ErrorCode, FrameType, H3Connection
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, QuicEvent
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.floods import (QuicFloodResult, is_retry, quic_client_configuration,
+                          quic_initial_flood)
 from tests.support.capped import start_capped_stack
 from tests.support.h3client import h3_request
 from tests.support.stack import Stack
@@ -92,10 +94,7 @@ def _port(stack: Stack) -> int:
 
 
 def _client_configuration(stack: Stack) -> QuicConfiguration:
-    configuration = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
-                                      server_name="127.0.0.1", idle_timeout=10.0)
-    configuration.load_verify_locations(cafile=str(stack.ca_cert))
-    return configuration
+    return quic_client_configuration(stack.ca_cert)
 
 
 def _metrics(stack: Stack) -> dict[str, float]:
@@ -177,75 +176,16 @@ async def _during(stack: Stack, attack: Callable[[], Awaitable[Any]]) -> tuple[A
     return result[0], good
 
 
-def _initial(stack: Stack) -> bytes:
-    quic = QuicConnection(configuration=_client_configuration(stack))
-    quic.connect(("127.0.0.1", _port(stack)), now=time.monotonic())
-    (datagram, _), *_ = quic.datagrams_to_send(now=time.monotonic())
-    return datagram
-
-
-def _is_retry(datagram: bytes) -> bool:
-    return bool(datagram[0] & 0x80) and (datagram[0] & 0x30) >> 4 == 3  # QUIC v1 Retry
-
-
-@dataclass
-class FloodResult:
-    sent: int = 0
-    sent_bytes: int = 0
-    answers: int = 0
-    answer_bytes: int = 0
-    retries: int = 0
-
-
-def _flood(stack: Stack, stop_at: float) -> FloodResult:
-    """Real Initials, each from its own source port, paced at FLOOD_PPS until
-    ``stop_at``; answers are read but never acted on."""
-    target = ("127.0.0.1", _port(stack))
-    initials = [_initial(stack) for _ in range(FLOOD_SOCKETS)]
-    socks = []
-    result = FloodResult()
-    try:
-        for _ in range(FLOOD_SOCKETS):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.bind(("127.0.0.1", 0))
-            sock.setblocking(False)
-            socks.append(sock)
-        started = time.monotonic()
-        while time.monotonic() < stop_at:
-            for sock, initial in zip(socks, initials):
-                # Paced: at most FLOOD_PPS on average since the start.
-                while result.sent > (time.monotonic() - started) * FLOOD_PPS:
-                    time.sleep(0.001)
-                sock.sendto(initial, target)
-                result.sent += 1
-                result.sent_bytes += len(initial)
-                _drain(sock, result)
-                if time.monotonic() >= stop_at:
-                    break
-        for sock in socks:
-            _drain(sock, result)
-    finally:
-        for sock in socks:
-            sock.close()
-    return result
-
-
-def _drain(sock: socket.socket, result: FloodResult) -> None:
-    while True:
-        try:
-            data = sock.recv(65536)
-        except BlockingIOError:
-            return
-        result.answers += 1
-        result.answer_bytes += len(data)
-        result.retries += _is_retry(data)
+def _flood(stack: Stack, stop_at: float) -> QuicFloodResult:
+    return quic_initial_flood(_port(stack), stack.ca_cert, stop_at, sockets=FLOOD_SOCKETS,
+                              pps=FLOOD_PPS)
 
 
 async def test_an_initial_flood_from_many_ports_is_retried_and_cut(stack: Stack) -> None:
     before = await _scrape(stack)
     peak: list[float] = []
 
-    async def attack() -> FloodResult:
+    async def attack() -> QuicFloodResult:
         stop_at = time.monotonic() + FLOOD_S
         async with anyio.create_task_group() as group:
             async def watch() -> None:
@@ -305,7 +245,7 @@ def _stall(stack: Stack, source: str, count: int) -> tuple[list[socket.socket], 
                 data = sock.recv(65536)
             except BlockingIOError:
                 continue
-            if not _is_retry(data):
+            if not is_retry(data):
                 handshaking.add(index)  # admitted (with a token, or under the threshold)
             elif index not in retried:
                 retried.add(index)  # answer it once, with the token, then go quiet

@@ -697,6 +697,36 @@ async def test_ticket_still_queued_at_its_deadline_is_shed_not_run() -> None:
         assert stats["queued"][MODEL] == 0
 
 
+async def test_a_scheduler_crash_gives_queued_requests_a_prompt_retryable_503() -> None:
+    # Before: the rebuilt scheduler started with empty queues and the queued
+    # requests waited on their tickets forever.
+    hold = anyio.Event()
+    async with running(*one_slot(make_policy(), hold)) as rig:
+        results: dict[str, Served] = {}
+        async with anyio.create_task_group() as tg:
+            busy = rig.ticket()
+            tg.start_soon(rig.serve_into, results, busy)
+            await wait_until(lambda: len(rig.workers.calls) == 1)
+            queued = [rig.ticket() for _ in range(3)]
+            for ticket in queued:
+                tg.start_soon(rig.serve_into, results, ticket)
+            await queued_becomes(rig, 3)
+            crashed_at = anyio.current_time()
+            await rig.scheduler.tell(object())  # a bug in a tell: the actor crashes
+            await wait_until(lambda: all(t.request_id in results for t in queued), timeout=1.0)
+            hold.set()
+        for ticket in queued:
+            served = results[ticket.request_id]
+            assert isinstance(served.error, NoHealthyWorker), served
+            assert (served.error.status, served.error.code) == (503, "scheduler_restarted")
+            assert served.error.headers() == [(b"retry-after", b"1")]
+            assert served.ended - crashed_at < 0.5
+            assert rig.workers.calls_for(ticket.request_id) == []
+        assert_served_fully(results[busy.request_id])  # the one on the worker ran on
+        await eventually_idle(rig)  # the rebuilt scheduler answers; nothing held
+        assert_served_fully(await rig.serve(rig.ticket()))
+
+
 async def test_admission_refusals_are_immediate_and_never_reach_a_worker() -> None:
     policy = make_policy(scheduling={"max_queue": 1})
     hold = anyio.Event()

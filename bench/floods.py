@@ -1,0 +1,169 @@
+"""Flood drivers shared by the attack tests (``tests/faults/test_attack_*.py``)
+and the ``attacks`` benchmark (``bench.attacks``): plain sockets on loopback,
+bounded in count and time.
+
+- ``quic_initial_flood``: real QUIC Initials (aioquic's packet builder), each
+  from its own source port, paced; answers are read and classified (Retry or
+  not) but never acted on.
+- ``connection_flood``: TCP connections from one source address, held open
+  without ever starting TLS (or dropped at once); notes when the gateway cuts
+  each one.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aioquic.h3.connection import H3_ALPN
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+
+# -- QUIC Initial flood ----------------------------------------------------------------
+
+
+def quic_client_configuration(ca_cert: Path) -> QuicConfiguration:
+    configuration = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                                      server_name="127.0.0.1", idle_timeout=10.0)
+    configuration.load_verify_locations(cafile=str(ca_cert))
+    return configuration
+
+
+def quic_initial(port: int, ca_cert: Path) -> bytes:
+    """The first datagram of a real client handshake to 127.0.0.1:``port``."""
+    quic = QuicConnection(configuration=quic_client_configuration(ca_cert))
+    quic.connect(("127.0.0.1", port), now=time.monotonic())
+    (datagram, _), *_ = quic.datagrams_to_send(now=time.monotonic())
+    return datagram
+
+
+def is_retry(datagram: bytes) -> bool:
+    return bool(datagram[0] & 0x80) and (datagram[0] & 0x30) >> 4 == 3  # QUIC v1 Retry
+
+
+@dataclass
+class QuicFloodResult:
+    sent: int = 0
+    sent_bytes: int = 0
+    answers: int = 0
+    answer_bytes: int = 0
+    retries: int = 0
+    first_retry_after_s: float | None = None  # from the first Initial sent
+    # Source ports the gateway answered with anything but a Retry (it began a
+    # handshake for them, and so held state): seconds from the first Initial
+    # to that first answer.
+    handshakes: dict[int, float] = field(default_factory=dict)
+
+
+def quic_initial_flood(port: int, ca_cert: Path, stop_at: float, *, sockets: int,
+                       pps: float) -> QuicFloodResult:
+    """Initials from ``sockets`` source ports in turn, at most ``pps`` a second on
+    average, until ``stop_at`` (monotonic)."""
+    target = ("127.0.0.1", port)
+    initials = [quic_initial(port, ca_cert) for _ in range(sockets)]
+    socks: list[socket.socket] = []
+    result = QuicFloodResult()
+    try:
+        for _ in range(sockets):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            socks.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+        started = time.monotonic()
+        while time.monotonic() < stop_at:
+            for index, (sock, initial) in enumerate(zip(socks, initials)):
+                while result.sent > (time.monotonic() - started) * pps:  # paced
+                    time.sleep(0.001)
+                sock.sendto(initial, target)
+                result.sent += 1
+                result.sent_bytes += len(initial)
+                _drain(sock, index, result, started)
+                if time.monotonic() >= stop_at:
+                    break
+        for index, sock in enumerate(socks):
+            _drain(sock, index, result, started)
+    finally:
+        for sock in socks:
+            sock.close()
+    return result
+
+
+def _drain(sock: socket.socket, index: int, result: QuicFloodResult, started: float) -> None:
+    while True:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return
+        result.answers += 1
+        result.answer_bytes += len(data)
+        if is_retry(data):
+            result.retries += 1
+            if result.first_retry_after_s is None:
+                result.first_retry_after_s = time.monotonic() - started
+        elif index not in result.handshakes:
+            result.handshakes[index] = time.monotonic() - started
+
+
+# -- TCP connection flood from one IP ---------------------------------------------------
+
+
+@dataclass
+class ConnectionFlood:
+    """What a connection flood saw: seconds each cut connection lived, the ones
+    still open at the end."""
+
+    hold: bool
+    cut_after: list[float] = field(default_factory=list)
+    still_open: int = 0
+    opened: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def connection_flood(port: int, flood: ConnectionFlood, *, source: str, duration_s: float,
+                     every_s: float, max_count: int, cut_wait_s: float) -> None:
+    """Open connections from ``source`` to 127.0.0.1:``port`` for ``duration_s``
+    or ``max_count`` connections; held ones are watched until they are cut, and
+    for ``cut_wait_s`` after the last is opened."""
+    opened_at: dict[socket.socket, float] = {}
+    with selectors.DefaultSelector() as selector:
+
+        def harvest(timeout: float) -> None:
+            for key, _ in selector.select(timeout):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                try:
+                    if sock.recv(1):
+                        continue
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    pass
+                flood.cut_after.append(time.monotonic() - opened_at.pop(sock))
+                selector.unregister(sock)
+                sock.close()
+
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < duration_s and flood.opened < max_count:
+                try:
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=2,
+                                                    source_address=(source, 0))
+                except OSError as error:  # the accept queue full, say: the flood goes on
+                    flood.errors.append(repr(error))
+                    continue
+                flood.opened += 1
+                if not flood.hold:
+                    sock.close()
+                    continue
+                sock.setblocking(False)
+                opened_at[sock] = time.monotonic()
+                selector.register(sock, selectors.EVENT_READ)
+                harvest(every_s)
+            harvest(cut_wait_s)  # the last ones' closes, within their budget
+            flood.still_open = len(opened_at)
+        finally:
+            for sock in opened_at:
+                sock.close()
