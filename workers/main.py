@@ -139,7 +139,9 @@ async def run_worker(
     tls = options.tls or InternalTls(None, options.control_plane)
     app = WorkerApp(backend, state)
     # Only gateways (and operators) may call a worker: it holds every tenant's prompts.
-    revocations = Revocations()
+    revocations = Revocations(tls.contexts.credentials.directory / "revoked.json"
+                              if tls.contexts is not None and tls.contexts.credentials.managed
+                              else None)
     served = require_roles(app, ("gateway", "admin"), revocations) if tls.enabled else app
     server_stop = anyio.Event()
     async with anyio.create_task_group() as tg:

@@ -13,15 +13,20 @@ sees its own connection's peer and no other. The upstream fix would be the
 from __future__ import annotations
 
 import datetime
+import math
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from cryptography import x509
 from hypercorn.asyncio.tcp_server import TCPServer
 
 from hedgerow.trust.ca import issued_at, joined_at
 from hedgerow.trust.identity import Identity, identity_of
+from hedgerow.trust.pem import PUBLIC_MODE, write_atomically
 
 _ORIGINAL = "_hedgerow_original_run"
 
@@ -69,23 +74,44 @@ def install_peer_capture() -> None:
 
 class Revocations:
     """Identities revoked on the control plane, as a worker learns them from its
-    heartbeats: a certificate of one, issued before its revocation, is refused
-    though it still verifies."""
+    heartbeats: a certificate of one, issued in a lineage joined before its
+    revocation, is refused though it still verifies. With a ``path`` the list is
+    kept on disk too, so a restarted worker refuses them before its first heartbeat
+    (or while the control plane is unreachable)."""
 
     MAX = 10_000
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path | None = None) -> None:
         self._revoked: dict[str, float] = {}
+        self._path = path
+        if path is not None:
+            try:
+                self._revoked = self._valid(orjson.loads(path.read_bytes()))
+            except (OSError, ValueError):
+                pass  # none kept yet (or unreadable): the next heartbeat brings it
 
     def update(self, revoked: object) -> None:
-        if not isinstance(revoked, dict):
+        fresh = self._valid(revoked)
+        if fresh is None or fresh == self._revoked:
             return
-        self._revoked = {str(k): float(v) for k, v in list(revoked.items())[:self.MAX]
-                         if isinstance(v, (int, float))}
+        self._revoked = fresh
+        if self._path is not None:
+            try:
+                write_atomically(self._path, orjson.dumps(fresh), mode=PUBLIC_MODE)
+            except OSError:
+                pass  # kept in memory; the disk copy is a convenience for restarts
 
     def revoked(self, peer: Peer) -> bool:
         when = self._revoked.get(str(peer.identity))
         return when is not None and peer.joined_at.timestamp() <= when
+
+    @classmethod
+    def _valid(cls, revoked: object) -> dict[str, float] | None:
+        if not isinstance(revoked, dict):
+            return None
+        return {str(k): float(v) for k, v in list(revoked.items())[:cls.MAX]
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+                and math.isfinite(v)}
 
 
 def require_roles(app: Any, roles: tuple[str, ...],

@@ -188,3 +188,19 @@ def test_the_gateway_accepts_a_worker_only_if_it_proves_the_registered_identity(
             await pool.aclose()
 
     anyio.run(_serving, _whoami, TlsContexts(worker).server(), run)
+
+
+def test_a_worker_keeps_the_revocations_it_learned_across_a_restart(tmp_path: Path) -> None:
+    """A restarted worker refuses a revoked gateway before its first heartbeat."""
+    from hedgerow.trust.peer import Peer, Revocations
+
+    joined = datetime.datetime(2026, 12, 1, 11, 0, tzinfo=datetime.UTC)
+    gateway = Peer(Identity("gateway", "g"), joined, joined + HOUR, joined)
+    learned = Revocations(tmp_path / "revoked.json")
+    assert not learned.revoked(gateway)
+    learned.update({"gateway/g": (joined + HOUR / 2).timestamp(), "gateway/x": float("nan")})
+    assert learned.revoked(gateway)
+    restarted = Revocations(tmp_path / "revoked.json")
+    assert restarted.revoked(gateway)
+    rejoined = Peer(gateway.identity, NOW, NOW + HOUR, NOW)  # joined again after it
+    assert not restarted.revoked(rejoined)
