@@ -60,6 +60,8 @@ test: $(STAMP)
 	command -v h2load >/dev/null || $(APT_INSTALL) nghttp2-client
 	# The browser tests (tests/browser) drive Debian's Chromium through Playwright.
 	command -v chromium >/dev/null || $(APT_INSTALL) chromium
+	# The systemd recipes (deploy/systemd) are checked with systemd-analyze verify/security.
+	command -v systemd-analyze >/dev/null || $(APT_INSTALL) systemd
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
