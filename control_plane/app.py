@@ -13,8 +13,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from control_plane.admin_auth import AdminGuard, CallerCheck, ControlPlaneRoutes
 from control_plane.bodies import parse_body
 from control_plane.metrics import ControlPlaneMetrics
@@ -33,7 +31,7 @@ from hedgerow.asgi import (
     Send,
     send_bytes,
     send_json,
-    sse_event,
+    sse_of_latest,
     stream_until_disconnect,
 )
 from hedgerow.decimal_text import parse_decimal
@@ -202,18 +200,9 @@ class ControlPlaneApp:
             await stream_until_disconnect(request, 200, list(SSE_HEADERS),
                                           self._snapshots(start, PEER.get()))
 
-    async def _snapshots(self, version: int, peer: Peer | None) -> AsyncIterator[bytes]:
-        idle = 0.0
-        while not (self.trust is not None and self.trust.revoked(peer)):
-            snapshot: RegistrySnapshot | None = None
-            # Wake at least every REVOCATION_CHECK_S: a revoked watcher is cut within it.
-            with anyio.move_on_after(REVOCATION_CHECK_S):
-                version, snapshot = await self.published.wait_newer(version)
-            if snapshot is not None:
-                idle = 0.0
-                yield sse_event(snapshot.model_dump(mode="json"))
-                continue
-            idle += REVOCATION_CHECK_S
-            if idle >= WATCH_KEEPALIVE_S:
-                idle = 0.0
-                yield b": keep-alive\n\n"
+    def _snapshots(self, version: int, peer: Peer | None) -> AsyncIterator[bytes]:
+        trust = self.trust
+        return sse_of_latest(
+            self.published, version, lambda snapshot: snapshot.model_dump(mode="json"),
+            keepalive_s=WATCH_KEEPALIVE_S, check_s=REVOCATION_CHECK_S,
+            still_allowed=lambda: trust is None or not trust.revoked(peer))

@@ -36,7 +36,7 @@ from control_plane.admin_auth import ControlPlaneRoutes
 from control_plane.gateways import GatewayAnswer, GatewayBook
 from control_plane.policy_store import PolicyVersion
 from hedgerow.actors import ActorRef
-from hedgerow.asgi import SSE_HEADERS, Request, send_json, sse_event, stream_until_disconnect
+from hedgerow.asgi import SSE_HEADERS, Request, send_json, sse_of_latest, stream_until_disconnect
 from hedgerow.decimal_text import parse_decimal
 from hedgerow.errors import InvalidRequest, PermissionDenied
 from hedgerow.latest import LatestValue
@@ -84,21 +84,13 @@ class PolicyApi:
         await stream_until_disconnect(request, 200, list(SSE_HEADERS),
                                       self._versions(PEER.get()))
 
-    async def _versions(self, peer: Peer | None) -> AsyncIterator[bytes]:
-        version, idle = -1, 0.0
-        while not self.is_revoked(peer):
-            current: PolicyVersion | None = None
-            with anyio.move_on_after(REVOCATION_CHECK_S):
-                version, current = await self.published.wait_newer(version)
-            if current is not None:
-                idle = 0.0
-                yield sse_event({"version": current.version, "checksum": current.checksum,
-                                 "text": current.text})
-                continue
-            idle += REVOCATION_CHECK_S
-            if idle >= WATCH_KEEPALIVE_S:
-                idle = 0.0
-                yield b": keep-alive\n\n"
+    def _versions(self, peer: Peer | None) -> AsyncIterator[bytes]:
+        return sse_of_latest(
+            self.published, -1, lambda current: {"version": current.version,
+                                                 "checksum": current.checksum,
+                                                 "text": current.text},
+            keepalive_s=WATCH_KEEPALIVE_S, check_s=REVOCATION_CHECK_S,
+            still_allowed=lambda: not self.is_revoked(peer))
 
     async def gateway_answer(self, request: Request) -> None:
         """A gateway's ACK or NACK of one version (a gateway answers only for itself)."""

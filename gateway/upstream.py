@@ -14,6 +14,7 @@ is the gateway's hot path) or its in-memory twin ``gateway.worker_mock.MockTrans
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol
@@ -72,6 +73,7 @@ def map_upstream_errors(worker_id: str) -> Iterator[None]:
                              code="upstream_unreachable") from error
 
 
+@functools.lru_cache(maxsize=4096)  # per request on the hot path; worker ids are few
 def worker_uri(worker_id: str) -> str:
     try:
         return Identity("worker", worker_id).uri

@@ -14,13 +14,14 @@ import re
 from contextlib import aclosing
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import orjson
 
 from hedgerow.body_budget import BodyBudget
 from hedgerow.decimal_text import MAX_DIGITS, parse_decimal
+from hedgerow.latest import LatestValue
 from hedgerow.errors import (
     BodyBudgetExhausted,
     HedgerowError,
@@ -40,6 +41,9 @@ Headers = list[tuple[bytes, bytes]]
 log = logging.getLogger("hedgerow.asgi")
 
 JSON_CONTENT = (b"content-type", b"application/json")
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -295,6 +299,28 @@ def sse_event(payload: Any) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def sse_of_latest(
+    latest: LatestValue[T], version: int, render: Callable[[T], Any], *,
+    keepalive_s: float, still_allowed: Callable[[], bool], check_s: float = 1.0,
+) -> AsyncIterator[bytes]:
+    """SSE for a watch stream: each newer value of ``latest`` (rendered), a
+    keep-alive comment after ``keepalive_s`` of silence, and the end of the stream
+    once ``still_allowed()`` turns false (checked at least every ``check_s``: a
+    watcher whose identity was revoked is cut within it)."""
+    quiet_since = anyio.current_time()
+    while still_allowed():
+        value: T | None = None
+        with anyio.move_on_after(check_s):
+            version, value = await latest.wait_newer(version)
+        now = anyio.current_time()
+        if value is not None:
+            quiet_since = now
+            yield sse_event(render(value))
+        elif now - quiet_since >= keepalive_s:
+            quiet_since = now
+            yield b": keep-alive\n\n"
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
