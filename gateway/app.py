@@ -32,7 +32,8 @@ from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics, status_of
 from gateway.page import CHAT_PAGE, CHAT_PAGE_CSP
-from gateway.cache import CacheEntry, Hit, ResponseCache
+from gateway.cache import Hit, ResponseCache
+from gateway.cache.entry import entry_from_fold
 from gateway.cache.keys import bypasses_lookup, cacheable
 from gateway.generation import Generation, classify
 from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
@@ -422,9 +423,10 @@ class GatewayApp:
         if self.cache is None or outcome is None or outcome.failed or not outcome.complete:
             return
         ticket = wanted.ticket
-        entry = CacheEntry("".join(outcome.text), outcome.finish_reason, outcome.prompt_tokens,
-                           outcome.completion_tokens, ticket.model, oa.now_created(),
-                           chat=wanted.chat)
+        entry = entry_from_fold(outcome.fold, outcome.finish_reason, outcome.prompt_tokens,
+                                outcome.completion_tokens, ticket.model, oa.now_created())
+        if entry is None:  # an answer the cache could not give back exactly
+            return
         with anyio.CancelScope(shield=True):
             await self.cache.store(ticket.tenant, ticket.model, caching.request_json, entry,
                                    caching.headers)

@@ -43,17 +43,18 @@ from typing import Any, Generic, Iterable, Literal, Protocol, Self, TypeVar
 import anyio
 
 from hedgerow.errors import InvalidRequest
+from workers.tool_calls import ToolSpec
 
 SlotT = TypeVar("SlotT")
 
-FinishReason = Literal["stop", "length", "cancelled"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
     """One chat (``messages``) or plain completion (``prompt``) request; exactly one is set."""
 
-    messages: tuple[dict[str, str], ...] | None
+    messages: tuple[dict[str, Any], ...] | None
     prompt: str | None
     max_tokens: int | None
     temperature: float = 0.7
@@ -63,6 +64,14 @@ class GenerationRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, int], ...] = ()  # (token id, bias)
+    # Tool use (workers.tool_calls): the functions, and None (answer in text),
+    # "auto", "required" or "function:NAME".
+    tools: tuple[ToolSpec, ...] = ()
+    tool_mode: str | None = None
+    # response_format as a JSON Schema (JSON text); json_object is {"type": "object"}.
+    response_schema: str | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -77,9 +86,24 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class TokenChunk:
-    """Text produced by the model, normally one token (several when a UTF-8 character spans tokens)."""
+    """Text produced by the model, normally one token (several when a UTF-8 character spans tokens).
+
+    ``logprobs``: OpenAI's entries (token, logprob, bytes, top_logprobs) of
+    the tokens behind it, when the request asked for them."""
 
     text: str
+    logprobs: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call: the first names it (``id``, ``name``), the rest
+    carry fragments of its JSON ``arguments``."""
+
+    index: int
+    arguments: str
+    id: str | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +119,7 @@ class Finished:
         return self.prompt_tokens + self.completion_tokens
 
 
-GenerationEvent = TokenChunk | Finished
+GenerationEvent = TokenChunk | ToolCallDelta | Finished
 
 
 @dataclass(frozen=True)
@@ -267,7 +291,7 @@ def prompt_text(request: GenerationRequest) -> str:
     """
     if request.messages is None:
         return request.prompt or ""
-    return "".join(f"\x00{m.get('role', '')}\x01{m.get('content', '')}\x02"
+    return "".join(f"\x00{m.get('role', '')}\x01{m.get('content', '')}{m.get('tool_calls', '')}\x02"
                    for m in request.messages)
 
 
