@@ -300,7 +300,7 @@ class _ResponseStream:
                     self.timing.saw(event, time.monotonic())
         yield SSE_DONE
 
-    async def whole(self, events: AsyncIterator[GenerationEvent]) -> dict[str, Any]:
+    async def whole(self, events: GenerationStream) -> dict[str, Any]:
         fold = CompletionFold()
         async with aclosing(events):
             async for event in events:

@@ -56,6 +56,7 @@ import anyio.to_thread
 import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from llama_cpp.llama_grammar import LlamaGrammar
 from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 
 from hedgerow.errors import InvalidRequest, ModelUnavailable, RuntimeFault
@@ -490,7 +491,7 @@ def _llama_chunks(llama: _MeteredLlama, request: GenerationRequest,
 def _completion_chunks(llama: _MeteredLlama, prompt: str | list[int], sampling: dict[str, Any],
                        grammar: str | None) -> Generator[_Chunk, None, None]:
     if grammar is not None:
-        sampling = {**sampling, "grammar": llama_cpp.LlamaGrammar.from_string(grammar,
+        sampling = {**sampling, "grammar": LlamaGrammar.from_string(grammar,
                                                                               verbose=False)}
     stream: Any = llama.create_completion(prompt=prompt, stream=True, **sampling)
     with contextlib.closing(stream):
@@ -508,7 +509,7 @@ def _auto_chunks(llama: _MeteredLlama, request: GenerationRequest, prompt: list[
     checks a grammar against the whole vocabulary at each step)."""
     first: Any = llama.create_completion(
         prompt=prompt, stream=False, **{**sampling, "max_tokens": 1, "grammar":
-                                        llama_cpp.LlamaGrammar.from_string(first_token_grammar(),
+                                        LlamaGrammar.from_string(first_token_grammar(),
                                                                            verbose=False)})
     text, reason = first["choices"][0]["text"], first["choices"][0]["finish_reason"]
     if text.startswith("<"):
@@ -536,7 +537,7 @@ def _chat_prompt(llama: _MeteredLlama, request: GenerationRequest,
     formatter = llama.chat_formatter
     if formatter is None:
         raise RuntimeFault("this model has no chat template", code="generation_failed")
-    messages = render_messages(request.messages, request.tools, request.tool_mode)
+    messages: Any = render_messages(request.messages, request.tools, request.tool_mode)
     rendered = formatter(messages=messages)
     text = rendered.prompt + call_prefill(request.tools, request.tool_mode)
     stops = rendered.stop if isinstance(rendered.stop, list) else [rendered.stop or ""]

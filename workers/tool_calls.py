@@ -29,7 +29,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from llama_cpp.llama_grammar import SchemaConverter
+from llama_cpp import llama_grammar
 
 from hedgerow.errors import InvalidRequest
 
@@ -101,7 +101,7 @@ def first_token_grammar() -> str:
 def grammar_for(tools: tuple[ToolSpec, ...], mode: str | None,
                 response_schema: str | None) -> str | None:
     """The GBNF grammar constraining the answer, or None for free text."""
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = _converter()
     try:
         if mode is None:
             if response_schema is None:
@@ -129,7 +129,14 @@ def grammar_for(tools: tuple[ToolSpec, ...], mode: str | None,
         raise InvalidRequest(f"a schema is not JSON: {error}", code="invalid_value") from None
 
 
-def _visit(converter: SchemaConverter, schema: dict[str, Any], name: str, param: str) -> None:
+def _converter() -> Any:
+    # llama-cpp-python's converter (untyped): the one behind LlamaGrammar.from_json_schema,
+    # used directly so that a call's rules and a text rule can share one grammar.
+    return llama_grammar.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
+                                         raw_pattern=False)  # type: ignore[no-untyped-call]
+
+
+def _visit(converter: Any, schema: dict[str, Any], name: str, param: str) -> None:
     # The converter raises plain exceptions on what it cannot express.
     try:
         resolved = converter.resolve_refs(schema, "request")
