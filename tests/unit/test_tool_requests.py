@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.attempt import carries_output
+from gateway.relay import RelayOutcome, completion_body, observe_chunk
 from hedgerow import openai_api as oa
 from hedgerow.completion_fold import CompletionFold, replay_deltas, replayable
 from hedgerow.errors import InvalidRequest
@@ -176,3 +178,30 @@ def test_a_forced_call_to_one_function_names_it_in_the_prompt() -> None:
     both = (*tools, ToolSpec("noop", "", "{}"))
     assert call_prefill(both, "required") == "<tool_call>\n"
     assert known_call(both, "function:noop") == both[1]
+
+
+@pytest.mark.parametrize("delta, output", [
+    ({"role": "assistant", "content": ""}, False),
+    ({"content": "Hi"}, True),
+    ({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                      "function": {"name": "f", "arguments": ""}}]}, True),
+    ({"reasoning_content": "Let me think"}, True),
+])
+def test_a_streamed_tool_call_or_reasoning_is_a_first_token(delta: dict[str, Any],
+                                                            output: bool) -> None:
+    assert carries_output(chunk(delta)) is output
+
+
+def test_a_non_streaming_client_of_the_gateway_gets_the_tool_call_whole() -> None:
+    outcome = RelayOutcome(keep_text=True)
+    for c in [chunk({"role": "assistant", "content": ""}),
+              chunk({"tool_calls": [{"index": 0, "id": "call_2", "type": "function",
+                                     "function": {"name": "f", "arguments": ""}}]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
+              chunk({}, "tool_calls")]:
+        observe_chunk(outcome, c)
+    assert outcome.pieces == 2  # both deltas are tokens to the relay's metrics
+    body = orjson.loads(completion_body("r", "m", outcome, chat=True))
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_2", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
