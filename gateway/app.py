@@ -291,7 +291,8 @@ class GatewayApp:
         return Ticket(
             request_id=asked.request_id, tenant=identity.tenant,
             model=model, arrival=now, due=now + due_ms / 1000, deadline=now + deadline_ms / 1000,
-            estimated_tokens=prompt_tokens + (parsed.token_limit() or DEFAULT_OUTPUT_ESTIMATE),
+            estimated_tokens=prompt_tokens + (parsed.token_limit() or DEFAULT_OUTPUT_ESTIMATE)
+            * parsed.n,
             # Only idempotent requests race on two workers.
             route=route, hedgeable=klass.hedge and not parsed.store, policy=policy)
 

@@ -165,6 +165,6 @@ def completion_body(request_id: str, model: str, outcome: RelayOutcome, chat: bo
         return orjson.dumps(oa.chat_completion_of(
             request_id, model, oa.now_created(),
             outcome.fold.chat_choices(outcome.finish_reason), used))
-    return orjson.dumps(oa.text_completion(request_id, model, oa.now_created(),
-                                           outcome.fold.first().text, outcome.finish_reason,
-                                           used))
+    return orjson.dumps(oa.text_completion_of(request_id, model, oa.now_created(),
+                                              outcome.fold.text_choices(outcome.finish_reason),
+                                              used))

@@ -74,7 +74,7 @@ _SHARED: dict[str, Param] = {
     "presence_penalty": Param("carried"),
     "frequency_penalty": Param("carried"),
     "logit_bias": Param("carried"),
-    "n": Param("refused", _at_most_one, "one choice per request (n: 1)"),
+    "n": Param("carried"),
     "user": Param("accepted"),
 }
 

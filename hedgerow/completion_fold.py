@@ -111,11 +111,17 @@ class CompletionFold:
         return [self._choices[i] for i in sorted(self._choices)]
 
     def first(self) -> ChoiceFold:
+        """Choice 0 (empty before any arrived)."""
         return self.choices[0] if self._choices else ChoiceFold(0)
 
     def chat_choices(self, default_finish: str = "stop") -> list[dict[str, Any]]:
         return [{"index": c.index, "message": c.message(), "logprobs": c.chat_logprobs(),
                  "finish_reason": c.finish_reason or default_finish} for c in self.choices]
+
+    def text_choices(self, default_finish: str = "stop") -> list[dict[str, Any]]:
+        return [{"index": c.index, "text": c.text, "logprobs": None,
+                 "finish_reason": c.finish_reason or default_finish}
+                for c in self.choices or [ChoiceFold(0)]]
 
 
 def _fold_tool_call(fold: ChoiceFold, call: Any) -> None:

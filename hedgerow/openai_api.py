@@ -49,6 +49,7 @@ class TextPart(BaseModel):
 # OpenAI's rule for function names; it also keeps them safe inside a grammar.
 FunctionName = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 MAX_TOOLS = 128  # OpenAI's bound
+MAX_CHOICES = 128  # n: OpenAI's bound
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
 
@@ -183,8 +184,8 @@ class _Sampling(BaseModel):
     # Token id (a decimal string, as OpenAI's) -> bias in [-100, 100]; the
     # worker checks the ids against its model's vocabulary.
     logit_bias: dict[str, Annotated[int, Field(strict=True)]] | None = None
-    # Only 1 gets here (api_params refuses more); 0 is an invalid value.
-    n: int = Field(1, ge=1, le=1, strict=True)
+    # Choices, generated one after another on one worker (OpenAI's bound: 128).
+    n: int = Field(1, ge=1, le=MAX_CHOICES, strict=True)
     # OpenAI's stored completions: only false gets here (Hedgerow stores
     # nothing). Were true let through, such a request must never be hedged.
     store: bool = Field(False, strict=True)
@@ -405,6 +406,15 @@ def chat_completion_of(
 ) -> dict[str, Any]:
     """A whole chat completion from finished choices (``CompletionFold.chat_choices``)."""
     return {"id": completion_id(request_id), "object": "chat.completion", "created": created,
+            "model": model, "choices": choices, "usage": used}
+
+
+def text_completion_of(
+    request_id: str, model: str, created: int, choices: list[dict[str, Any]],
+    used: dict[str, int],
+) -> dict[str, Any]:
+    """A whole text completion from finished choices (``CompletionFold.text_choices``)."""
+    return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created,
             "model": model, "choices": choices, "usage": used}
 
 

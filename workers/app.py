@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -52,6 +52,7 @@ from workers.backend import (
     GenerationEvent,
     GenerationRequest,
     GenerationStream,
+    SeveralChoices,
     TokenChunk,
     ToolCallDelta,
 )
@@ -155,7 +156,7 @@ class WorkerApp:
         timing = GenerationTiming(started=time.monotonic())
         stream = _ResponseStream(request_id, parsed.model, oa.now_created(), chat,
                                  parsed.include_usage(), timing)
-        events = self.backend.generate(generation)
+        events = self._choices(generation, parsed.n)
         headers = [(b"x-request-id", request_id.encode())]
         try:
             if parsed.stream:
@@ -167,6 +168,18 @@ class WorkerApp:
             raise
         finally:
             self.metrics.generation_done(parsed.model, timing)
+
+
+    def _choices(self, generation: GenerationRequest, n: int) -> GenerationStream:
+        """One stream for ``n`` choices; each draws its own seed (from the client's, if it
+        gave one, so that n answers are n different answers, reproducibly)."""
+        first = self.backend.generate(generation)  # a bad request fails here, before any slot
+        if n == 1:
+            return first
+        def choice(index: int) -> Callable[[], GenerationStream]:
+            seed = None if generation.seed is None else generation.seed + index
+            return lambda: self.backend.generate(replace(generation, seed=seed))
+        return SeveralChoices(first, [choice(i) for i in range(1, n)])
 
 
 async def _stream_sse(
@@ -257,28 +270,42 @@ class _ResponseStream:
     chat: bool
     include_usage: bool
     timing: GenerationTiming
+    _opened: int = 0  # the last choice whose role chunk went out
 
-    def _delta(self, text: str, finish: str | None = None,
+    def _delta(self, text: str, choice: int, finish: str | None = None,
                logprobs: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
         if self.chat:
             delta = {"content": text} if text else {}
             shown = {"content": list(logprobs), "refusal": None} if logprobs else None
-            return oa.chat_chunk(self.request_id, self.model, self.created, delta, finish, shown)
-        return oa.text_chunk(self.request_id, self.model, self.created, text, finish)
+            return oa.chat_chunk(self.request_id, self.model, self.created, delta, finish, shown,
+                                 choice)
+        chunk = oa.text_chunk(self.request_id, self.model, self.created, text, finish)
+        chunk["choices"][0]["index"] = choice
+        return chunk
+
+    def _role(self, choice: int) -> dict[str, Any]:
+        role = {"role": "assistant", "content": ""}
+        return oa.chat_chunk(self.request_id, self.model, self.created, role, index=choice)
 
     def chunks(self, event: GenerationEvent) -> list[dict[str, Any]]:
-        """The OpenAI chunks that carry one backend event."""
+        """The OpenAI chunks that carry one backend event (a choice after the first
+        opens with its own role chunk)."""
+        opened: list[dict[str, Any]] = []
+        if event.choice > self._opened:
+            self._opened = event.choice
+            opened = [self._role(event.choice)] if self.chat else []
         if isinstance(event, TokenChunk):
-            return [self._delta(event.text, logprobs=event.logprobs)]
+            return opened + [self._delta(event.text, event.choice, logprobs=event.logprobs)]
         if isinstance(event, ToolCallDelta):
             call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
             if event.id is not None:
                 call.update(id=event.id, type="function")
                 call["function"]["name"] = event.name
             delta = {"tool_calls": [call]}
-            return [oa.chat_chunk(self.request_id, self.model, self.created, delta)]
-        finished = [self._delta("", event.finish_reason)]
-        if self.include_usage:
+            return opened + [oa.chat_chunk(self.request_id, self.model, self.created, delta,
+                                           index=event.choice)]
+        finished = opened + [self._delta("", event.choice, event.finish_reason)]
+        if self.include_usage and event.final:
             used = oa.usage(event.prompt_tokens, event.completion_tokens)
             finished.append(oa.usage_chunk(self.request_id, self.model, self.created, used))
         return finished
@@ -288,8 +315,7 @@ class _ResponseStream:
     ) -> AsyncIterator[bytes]:
         """``first`` (already read) and then the rest of ``events`` as SSE chunks."""
         if self.chat:
-            role = {"role": "assistant", "content": ""}
-            yield sse_event(oa.chat_chunk(self.request_id, self.model, self.created, role))
+            yield sse_event(self._role(0))
         async with aclosing(events):
             event: GenerationEvent | None = first
             while event is not None:
@@ -307,12 +333,12 @@ class _ResponseStream:
                 self.timing.saw(event, time.monotonic())
                 for chunk in self.chunks(event):
                     fold.feed(chunk)
-                if not isinstance(event, Finished):
+                if not isinstance(event, Finished) or not event.final:
                     continue
                 used = oa.usage(event.prompt_tokens, event.completion_tokens)
                 if self.chat:
                     return oa.chat_completion_of(self.request_id, self.model, self.created,
                                                  fold.chat_choices(), used)
-                return oa.text_completion(self.request_id, self.model, self.created,
-                                          fold.first().text, event.finish_reason, used)
+                return oa.text_completion_of(self.request_id, self.model, self.created,
+                                             fold.text_choices(), used)
         raise NoHealthyWorker("generation ended without finishing", code="generation_aborted")

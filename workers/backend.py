@@ -37,7 +37,7 @@ import math
 import os
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Iterable, Literal, Protocol, Self, TypeVar
 
 import anyio
@@ -93,6 +93,7 @@ class TokenChunk:
 
     text: str
     logprobs: tuple[dict[str, Any], ...] = ()
+    choice: int = 0  # which of the request's n choices (SeveralChoices)
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class ToolCallDelta:
     arguments: str
     id: str | None = None
     name: str | None = None
+    choice: int = 0
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,9 @@ class Finished:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    choice: int = 0
+    # False for every choice but the last of several: usage comes once, at the end.
+    final: bool = True
 
     @property
     def total_tokens(self) -> int:
@@ -182,6 +187,51 @@ class GenerationStreamBase:
 
     async def aclose(self) -> None:
         raise NotImplementedError
+
+
+class SeveralChoices(GenerationStreamBase):
+    """``n`` choices as one stream: each generated in turn (each takes a slot
+    when it starts and frees it when it ends), its events marked with its
+    ``choice``. The last ``Finished`` carries the request's usage: the prompt
+    once, the completions of every choice summed."""
+
+    def __init__(self, first: GenerationStream,
+                 more: list[Callable[[], GenerationStream]]) -> None:
+        self._current: GenerationStream | None = first
+        self._more = more
+        self._choice = 0
+        self._completion_tokens = 0
+
+    async def __anext__(self) -> GenerationEvent:
+        while self._current is not None:
+            try:
+                event = await self._current.__anext__()
+            except StopAsyncIteration:
+                await self._advance()
+                continue
+            if not isinstance(event, Finished):
+                return replace(event, choice=self._choice)
+            self._completion_tokens += event.completion_tokens
+            choice = self._choice
+            await self._advance(stop=event.finish_reason == "cancelled")
+            final = self._current is None
+            return replace(event, choice=choice, final=final, completion_tokens=(
+                self._completion_tokens if final else event.completion_tokens))
+        raise StopAsyncIteration
+
+    async def _advance(self, stop: bool = False) -> None:
+        done, self._current = self._current, None
+        if done is not None:
+            await done.aclose()
+        if self._more and not stop:
+            self._current = self._more.pop(0)()
+            self._choice += 1
+
+    async def aclose(self) -> None:
+        self._more.clear()
+        current, self._current = self._current, None
+        if current is not None:
+            await current.aclose()
 
 
 class Backend(Protocol):

@@ -53,7 +53,6 @@ def refused(call: Any, **fields: Any) -> openai.BadRequestError:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("fields, param", [
     ({"functions": [TOOLS[0]["function"]]}, "functions"),
-    ({"n": 2}, "n"),
     ({"store": True}, "store"),
     ({"messages": [*HI, {"role": "function", "name": "get_weather", "content": "12 C"}]},
      "messages.1.role"),

@@ -215,3 +215,21 @@ def test_a_cached_tool_call_is_replayed_intact(sdk: openai.OpenAI) -> None:
     assert finish == "tool_calls" and calls == {
         "id": first.message.tool_calls[0].id, "name": first.message.tool_calls[0].function.name,
         "arguments": first.message.tool_calls[0].function.arguments}
+
+
+def test_n_choices_come_whole_and_streamed_with_their_index(sdk: openai.OpenAI) -> None:
+    fields: dict[str, Any] = dict(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
+                                  max_tokens=5, temperature=1.0, seed=11, n=2)
+    whole = sdk.chat.completions.create(**fields)
+    assert [c.index for c in whole.choices] == [0, 1]
+    assert all(c.message.content and c.finish_reason in ("stop", "length") for c in whole.choices)
+    assert whole.usage is not None and 2 <= whole.usage.completion_tokens <= 10
+    texts, finishes = {0: "", 1: ""}, {}
+    for chunk in sdk.chat.completions.create(stream=True, **fields):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert set(finishes) == {0, 1} and all(texts.values())
+    # The same seeds: the streamed choices are the whole answer's, choice by choice.
+    assert [texts[0], texts[1]] == [c.message.content for c in whole.choices]

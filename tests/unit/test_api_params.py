@@ -67,7 +67,6 @@ def test_the_readme_table_lists_every_field_with_what_the_code_does() -> None:
 REFUSED_CHAT = [
     ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
-    ("n", 2),
     ("audio", {"voice": "alloy", "format": "mp3"}),
     ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}),
@@ -90,7 +89,7 @@ def test_chat_fields_hedgerow_cannot_honour_are_refused_by_name(field: str, valu
 
 
 @pytest.mark.parametrize("field, value", [
-    ("n", 3), ("best_of", 2), ("echo", True), ("suffix", "end"), ("logprobs", 0), ("logprobs", 5),
+    ("best_of", 2), ("echo", True), ("suffix", "end"), ("logprobs", 0), ("logprobs", 5),
     ("prompt", ["a", "b"]), ("prompt", [1, 2, 3]),
 ])
 def test_completion_fields_hedgerow_cannot_honour_are_refused_by_name(field: str, value: Any) -> None:
