@@ -38,7 +38,9 @@ CALL_CLOSE = "\n</tool_call>"
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
 # Text that does not start with "<" (so it can't be mistaken for a call).
 _ANY_TEXT = r'[^<] [^\x00]*'
-_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"arguments"\s*:\s*')
+# A call object's head: its name (the call starts there), then the arguments' key.
+_CALL_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
+_ARGUMENTS_KEY = re.compile(r'\s*,\s*"arguments"\s*:\s*')
 _SPACE_CHARS = " \t\r\n"
 _TAIL_CHARS = "}" + _SPACE_CHARS
 
@@ -263,13 +265,20 @@ class ToolCallScanner:
         return self._head()
 
     def _head(self) -> list[ScanOut]:
-        matched = _CALL_HEAD.match(self._buffer)
-        if matched is None:
-            return []
-        self._state, self.called = "args", True
-        rest = self._buffer[matched.end():]
-        self._buffer = ""
-        return [CallStart(new_call_id(), matched.group(1)), *self._arguments(rest)]
+        started: list[ScanOut] = []
+        if not self.called:
+            named = _CALL_NAME.match(self._buffer)
+            if named is None:
+                return []
+            self.called = True
+            started.append(CallStart(new_call_id(), named.group(1)))
+            self._buffer = self._buffer[named.end():]
+        key = _ARGUMENTS_KEY.match(self._buffer)
+        if key is None:
+            return started
+        self._state = "args"
+        rest, self._buffer = self._buffer[key.end():], ""
+        return started + self._arguments(rest)
 
     def _arguments(self, text: str, tail: str = _TAIL_CHARS) -> list[ScanOut]:
         pending = self._held + text
@@ -286,8 +295,11 @@ class ToolCallScanner:
             return started + ([CallArguments(held)] if held and not complete else [])
         if self._state != "args":
             leftover, self._buffer = self._buffer, ""
-            # A call cut off before its name: what the model wrote, as text.
-            return [TextOut(leftover)] if leftover and not complete else []
+            # A call cut off before its name: what the model wrote, as text
+            # (after it: the call has its name and no arguments).
+            if self.called or not leftover or complete:
+                return []
+            return [TextOut(leftover)]
         held, self._held = self._held, ""
         if complete:
             held = held.rstrip()

@@ -24,7 +24,7 @@ MODEL = "smollm2-135m-instruct"
 KEY = "sk-tools-5e0c2a"
 ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 WEATHER_SCHEMA = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 40},
+    "city": {"type": "string", "maxLength": 20},
     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
     "required": ["city", "unit"], "additionalProperties": False}
 TOOLS = [
@@ -32,7 +32,7 @@ TOOLS = [
                                       "parameters": WEATHER_SCHEMA}},
     {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
                                       "parameters": {"type": "object", "properties": {
-                                          "city": {"type": "string", "maxLength": 40}},
+                                          "city": {"type": "string", "maxLength": 20}},
                                           "required": ["city"]}}},
 ]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -43,7 +43,8 @@ def _policy(path: Path) -> Path:
     digest = hashlib.sha256(KEY.encode()).hexdigest()
     path.write_text(f"""
 hedging: {{enabled: false}}
-timeouts: {{ttft_ms: 120000}}  # a loaded 2-core machine; grammars cost time
+# A loaded 2-core machine, and a grammar costs time on every token.
+timeouts: {{ttft_ms: 120000, idle_ms: 120000}}
 anonymous_tenant: local
 classes:
   - {{name: interactive, ttft_slo_ms: 20000, deadline_ms: 60000}}

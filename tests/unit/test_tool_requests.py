@@ -205,3 +205,12 @@ def test_a_non_streaming_client_of_the_gateway_gets_the_tool_call_whole() -> Non
     assert body["choices"][0]["message"] == {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_2", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
     assert body["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_call_starts_as_soon_as_its_name_is_written() -> None:
+    scanner = ToolCallScanner("required")
+    assert scanner.feed('{"name": "get_') == []
+    started = scanner.feed('weather", ')
+    assert [type(o) for o in started] == [CallStart] and started[0].name == "get_weather"
+    assert scanner.feed('"arguments": {"city": "Oslo"}}') == [CallArguments('{"city": "Oslo"')]
+    assert scanner.finish(complete=True) == [CallArguments("}")]
