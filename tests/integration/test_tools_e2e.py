@@ -16,11 +16,12 @@ import jsonschema
 import openai
 import pytest
 
-from tests.support.stack import Stack
+from tests.support.stack import Stack, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "smollm2-135m-instruct"
+UPSTREAM_MODEL = "smol-upstream"  # the same model, through an external upstream
 KEY = "sk-tools-5e0c2a"
 ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 WEATHER_SCHEMA = {"type": "object", "properties": {
@@ -39,7 +40,7 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
-def _policy(path: Path) -> Path:
+def _policy(path: Path, upstream_port: int) -> Path:
     digest = hashlib.sha256(KEY.encode()).hexdigest()
     path.write_text(f"""
 hedging: {{enabled: false}}
@@ -58,6 +59,12 @@ models:
   - name: {MODEL}
 cache:
   semantic: {{enabled: false}}
+upstreams:  # a real llama.cpp worker outside the cluster, as a llama-server would be
+  - name: llama-upstream
+    url: http://127.0.0.1:{upstream_port}
+    models: [{UPSTREAM_MODEL}]
+    model_map: {{{UPSTREAM_MODEL}: {MODEL}}}
+    probe_interval_ms: 500
 """)
     return path
 
@@ -66,8 +73,13 @@ cache:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("tools")
     stack = Stack(root)
+    upstream_port = free_port()
     try:
-        stack.start_control_plane(policy=_policy(root / "policy.yaml"))
+        nowhere = f"http://127.0.0.1:{free_port()}"  # it never registers: the policy names it
+        stack.spawn("llama-server", "worker", "--port", str(upstream_port), "--worker-id",
+                    "llama-server", "--control-plane", nowhere, "--insecure-internal",
+                    "--slots", "1")
+        stack.start_control_plane(policy=_policy(root / "policy.yaml", upstream_port))
         stack.start_worker("w-tools", "--slots", "1")
         stack.start_gateway()
         yield stack
@@ -235,3 +247,18 @@ def test_n_choices_come_whole_and_streamed_with_their_index(sdk: openai.OpenAI) 
     assert set(finishes) == {0, 1} and all(texts.values())
     # The same seeds: the streamed choices are the whole answer's, choice by choice.
     assert [texts[0], texts[1]] == [c.message.content for c in whole.choices]
+
+
+def test_an_external_upstream_relays_a_tool_call_field_for_field(
+        stack: Stack, sdk: openai.OpenAI) -> None:
+    wait_for(lambda: stack.worker("llama-upstream"), "the upstream's probe to pass")
+    fields: dict[str, Any] = dict(model=UPSTREAM_MODEL, messages=ASK, tools=TOOLS,
+                                  tool_choice=NAMED, max_tokens=48, temperature=0.7)
+    raw = sdk.chat.completions.with_raw_response.create(**fields)
+    assert raw.headers["x-hedgerow-worker"] == "llama-upstream"
+    answer = raw.parse()
+    assert answer.model == UPSTREAM_MODEL  # the upstream's own name mapped back
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.tool_calls and choice.message.tool_calls[0].function.name == "get_weather"
+    _valid_call(choice.message.tool_calls[0])
