@@ -132,21 +132,6 @@ def test_a_required_call_streams_as_openai_deltas(sdk: openai.OpenAI) -> None:
     jsonschema.validate(arguments, SCHEMAS[first.function.name])
 
 
-def test_a_tool_conversation_gets_an_answer_after_the_result(sdk: openai.OpenAI) -> None:
-    call = sdk.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
-                                       tool_choice=NAMED, max_tokens=48, temperature=0)
-    message = call.choices[0].message
-    assert message.tool_calls
-    followup = [*ASK, message.model_dump(exclude_none=True),
-                {"role": "tool", "tool_call_id": message.tool_calls[0].id,
-                 "content": '{"temperature": 12, "unit": "celsius"}'}]
-    answer = sdk.chat.completions.create(model=MODEL, messages=followup, tools=TOOLS,
-                                         tool_choice="none", max_tokens=12, temperature=0)
-    choice = answer.choices[0]
-    assert choice.message.content and not choice.message.tool_calls
-    assert choice.finish_reason in ("stop", "length")
-
-
 def test_auto_answers_in_text_or_with_a_valid_call(sdk: openai.OpenAI) -> None:
     answer = sdk.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
                                          tool_choice="auto", max_tokens=16, temperature=0)
@@ -205,10 +190,11 @@ def test_logprobs_come_with_each_token(sdk: openai.OpenAI, stream: bool) -> None
         assert entry.top_logprobs[0].logprob >= entry.logprob
 
 
-def test_a_cached_tool_call_is_replayed_intact(sdk: openai.OpenAI) -> None:
-    fields: dict[str, Any] = dict(model=MODEL, messages=[
-        {"role": "user", "content": "Weather in Bergen, please."}], tools=TOOLS,
-        tool_choice="required", max_tokens=48, temperature=0)
+def test_a_cached_tool_call_is_replayed_intact_and_answered_after_its_result(
+        sdk: openai.OpenAI) -> None:
+    asked = [{"role": "user", "content": "Weather in Bergen, please."}]
+    fields: dict[str, Any] = dict(model=MODEL, messages=asked, tools=TOOLS,
+                                  tool_choice="required", max_tokens=48, temperature=0)
     live = sdk.chat.completions.with_raw_response.create(**fields)
     assert live.headers["x-hedgerow-cache"] == "miss"
     again = sdk.chat.completions.with_raw_response.create(**fields)
@@ -229,6 +215,16 @@ def test_a_cached_tool_call_is_replayed_intact(sdk: openai.OpenAI) -> None:
     assert finish == "tool_calls" and calls == {
         "id": first.message.tool_calls[0].id, "name": first.message.tool_calls[0].function.name,
         "arguments": first.message.tool_calls[0].function.arguments}
+
+    # The conversation goes on: the assistant's call, the tool's result, then an answer.
+    followup = [*asked, first.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": first.message.tool_calls[0].id,
+                 "content": '{"temperature": 12, "unit": "celsius"}'}]
+    answer = sdk.chat.completions.create(model=MODEL, messages=followup, tools=TOOLS,
+                                         tool_choice="none", max_tokens=12, temperature=0)
+    choice = answer.choices[0]
+    assert choice.message.content and not choice.message.tool_calls
+    assert choice.finish_reason in ("stop", "length")
 
 
 def test_n_choices_come_whole_and_streamed_with_their_index(sdk: openai.OpenAI) -> None:
