@@ -755,7 +755,7 @@ async def test_a_crash_of_the_scheduler_clock_task_loses_no_queued_request() -> 
             # all three are served while a is still busy.
             rig.directory.publish(RegistrySnapshot(version=2, workers=(
                 *records, record("b", model=MODEL, slots=1))), 2)
-            await wait_until(lambda: all(t.request_id in results for t in queued))
+            await wait_until(lambda: all(t.request_id in results for t in queued), timeout=5.0)
             hold.set()
         for ticket in [busy, *queued]:
             assert_served_fully(results[ticket.request_id])
