@@ -67,7 +67,7 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     kinds = bench.add_subparsers(dest="bench_command", required=True)
     scenario = kinds.add_parser("scenario", help="run a named scenario; last line is JSON")
     scenario.add_argument("name", help="overhead | internal-tls | overload | stragglers | throughput | "
-                          "worker | pops | cache | soak | attacks")
+                          "worker | pops | cache | soak | attacks | memory")
     scenario.add_argument("--quick", action="store_true", help="short run (under 3 minutes; pops: under 5)")
     scenario.add_argument("--workdir", type=Path, help="keep logs and policies here")
     scenario.add_argument("--duration", type=float, help="soak only: seconds of load (default 60)")
