@@ -356,6 +356,10 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     metavar="N", help="request body bytes being received at once, all "
                     "requests together; a body that does not fit gets a 503 at once "
                     "(default 67108864: 64 MiB)")
+    gw.add_argument("--access-log", default="stderr", metavar="stderr|off|PATH",
+                    help="one JSON line per completion request (no prompt, no key): to "
+                         "stderr, off, or appended to PATH (default stderr; fields: "
+                         "docs/operations.md, 'Access log')")
     add_trust_arguments(gw)
     gw.set_defaults(run=_run_gateway)
 
@@ -645,6 +649,13 @@ def _run_gateway(args: argparse.Namespace) -> int:
         print(f"hedgerow: --h2-limit: {error}", file=sys.stderr)
         return 1
 
+    from gateway.access_log import configure_access_log
+
+    try:
+        configure_access_log(args.access_log)
+    except OSError as error:
+        print(f"hedgerow: --access-log: {error}", file=sys.stderr)
+        return 1
     gateway_id = args.gateway_id or default_gateway_id(args.port)
     tls = _internal_tls(args, "gateway", gateway_id, args.control_plane, args.state_dir)
     if tls is None:
