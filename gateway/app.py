@@ -27,10 +27,12 @@ from typing import Any
 import anyio
 import orjson
 
+from gateway.access_log import AccessLog
 from gateway.attempt import UpstreamCall
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
-from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics, status_of
+from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics
+from gateway.usage_metrics import policy_prices
 from gateway.page import CHAT_PAGE, CHAT_PAGE_CSP
 from gateway.cache import CacheEntry, Hit, ResponseCache
 from gateway.cache.keys import bypasses_lookup, cacheable
@@ -97,6 +99,8 @@ class GatewayApp:
     awaiting_policy: bool = False
     # Bytes of request bodies being read at once, across all requests (503 beyond).
     body_budget: BodyBudget = field(default_factory=BodyBudget)
+    # One JSON line per completion request on the ``hedgerow.access`` logger.
+    access_log: AccessLog = field(default_factory=AccessLog)
     streams: StreamBook = field(init=False)
     _flights: dict[str, Flight] = field(init=False, default_factory=dict)
 
@@ -201,14 +205,16 @@ class GatewayApp:
         self, request: Request, shape: type[oa.ChatCompletionRequest] | type[oa.CompletionRequest]
     ) -> None:
         observed = self.metrics.request(time.monotonic())
+        observed.operation = "chat" if shape is oa.ChatCompletionRequest else "text_completion"
         try:
             if not await self._complete_observed(request, shape, observed):
                 observed.responded(CLIENT_CLOSED)
         except BaseException as error:
-            observed.responded(status_of(error))
+            observed.failed(error)
             raise
         finally:
             observed.finished(time.monotonic())
+            self.access_log.write(observed, request.scope)
 
     async def _complete_observed(
         self, request: Request, shape: type[oa.ChatCompletionRequest] | type[oa.CompletionRequest],
@@ -221,7 +227,7 @@ class GatewayApp:
         # even if a new version is swapped in meanwhile.
         policy = self.policy
         identity = identify(policy, request.header("authorization"))
-        observed.klass = identity.priority_class
+        observed.identified(identity.tenant, identity.priority_class, policy_prices(policy))
         _require_json(request)
         body = await request.body(policy.limits.max_body_bytes,
                                   deadline_s=policy.timeouts.body_ms / 1000,
@@ -320,6 +326,8 @@ class GatewayApp:
         """Answer from the cache: the same SSE events (with ids) or JSON body as live."""
         parsed, request_id = asked.parsed, asked.request_id
         asked.observed.responded(200)
+        asked.observed.used(hit.entry.prompt_tokens, hit.entry.completion_tokens,
+                            cached=hit.kind)
         if not parsed.stream:
             body = orjson.dumps(hit.json(request_id, model=parsed.model))
             await send_bytes(request.send, 200, body, _answer_headers(
@@ -373,6 +381,7 @@ class GatewayApp:
             try:
                 with generating:
                     flight.outcome = await generation.run(wanted.observed)
+                _note_usage(wanted.observed, flight.outcome)
             finally:
                 flight.done.set()
                 if caching is not None and self._flights.get(caching.key) is flight:
@@ -406,8 +415,13 @@ class GatewayApp:
             self.streams.alias(wanted.ticket.request_id, wanted.ticket.tenant, flight.stream,
                                time.monotonic())
         with flight.stream.reading():
-            return await cancel_on_disconnect(
+            answered = await cancel_on_disconnect(
                 request, lambda: self._answer(request, wanted, flight))
+        # The leader's usage, once its generation has ended (it ends with the stream).
+        with anyio.move_on_after(JOIN_USAGE_WAIT_S):
+            await flight.done.wait()
+        _note_usage(wanted.observed, flight.outcome, cached="joined")
+        return answered
 
     async def _answer(self, request: Request, wanted: Wanted, flight: Flight) -> None:
         if wanted.parsed.stream:
@@ -443,6 +457,7 @@ class GatewayApp:
                                  code="stream_cancelled")
         if observed is not None:
             observed.responded(200)
+            observed.served_by(stream.worker_id, stream.hedged)
             if stream.hedged and request_id == stream.request_id:
                 self.metrics.hedge_won()
         headers = _answer_headers(request_id, stream.worker_id, cache, stream.hedged)
@@ -472,6 +487,7 @@ class GatewayApp:
             self.metrics.hedge_won()
         body = completion_body(ticket.request_id, ticket.model, outcome, wanted.chat)
         wanted.observed.responded(200)
+        wanted.observed.served_by(stream.worker_id, stream.hedged)
         await send_bytes(request.send, 200, body, _answer_headers(
             ticket.request_id, stream.worker_id, b"miss", stream.hedged))
 
@@ -510,6 +526,21 @@ class GatewayApp:
         if policy.declares_model(model) or model in self.directory.value.models():
             return
         raise ModelNotFound(f"the model {model!r} does not exist", param="model")
+
+
+# A joiner's answer is complete when the shared stream is; the leader's usage
+# follows at once, but a log line is never held back longer than this for it.
+JOIN_USAGE_WAIT_S = 1.0
+
+
+def _note_usage(observed: RequestMetrics, outcome: RelayOutcome | None,
+                cached: str = "") -> None:
+    """The tokens the worker reported for a generation (none: it never started)."""
+    if outcome is not None and (outcome.prompt_tokens or outcome.completion_tokens):
+        observed.used(outcome.prompt_tokens, outcome.completion_tokens, cached=cached,
+                      error_code=outcome.error_code)
+    elif outcome is not None and outcome.error_code:
+        observed.error_code = observed.error_code or outcome.error_code
 
 
 @dataclass(frozen=True)
