@@ -202,3 +202,58 @@ def _unsupported(param: str, why: str) -> InvalidRequest:
     reason = f" ({why})" if why else ""
     return InvalidRequest(f"Hedgerow does not support {shown!r} with this value{reason}",
                           param=shown, code="unsupported_parameter")
+
+
+def unsupported(param: str, why: str) -> InvalidRequest:
+    """The 400 ``unsupported_parameter`` naming ``param`` (for other modules' checks)."""
+    return _unsupported(param, why)
+
+
+# -- the other endpoints ---------------------------------------------------------------
+
+_MESSAGES_ONLY = "a Messages API feature Hedgerow does not serve"
+
+# Anthropic's Messages API (``POST /v1/messages``; the reference is the
+# official ``anthropic`` SDK's ``MessageCreateParams``), translated onto the
+# chat path by ``hedgerow.anthropic_api``: "carried" fields reach the worker
+# as their OpenAI equivalents, so the chat path's own support applies to them.
+MESSAGES_PARAMS: dict[str, Param] = {
+    "model": Param("implemented"),
+    "messages": Param("implemented"),
+    "system": Param("implemented"),
+    "stream": Param("implemented"),
+    "max_tokens": Param("carried"),
+    "stop_sequences": Param("carried"),
+    "temperature": Param("carried"),
+    "top_p": Param("carried"),
+    "tools": Param("carried"),
+    "tool_choice": Param("carried"),
+    "metadata": Param("accepted"),
+    "top_k": _refused("the workers' OpenAI sampling has no top_k"),
+    "thinking": _refused("no reasoning models are served", {"type": "disabled"}),
+    "service_tier": _refused("there is one service tier", "auto", "standard_only"),
+    "container": _refused(_MESSAGES_ONLY),
+    "context_management": _refused(_MESSAGES_ONLY),
+    "mcp_servers": _refused(_MESSAGES_ONLY),
+    "output_config": _refused(_MESSAGES_ONLY),
+    "output_format": _refused("structured output is not translated yet"),
+    "inference_geo": _refused("there is one region"),
+}
+
+# OpenAI's embeddings (``POST /v1/embeddings``; ``embedding_create_params``).
+EMBEDDINGS_PARAMS: dict[str, Param] = {
+    "model": Param("implemented"),
+    "input": Param("implemented"),
+    "encoding_format": Param("implemented"),
+    "dimensions": Param("implemented"),
+    "user": Param("accepted"),
+}
+
+# Every route of the public API and what Hedgerow does with it.
+ENDPOINTS: dict[str, Support] = {
+    "POST /v1/chat/completions": "implemented",
+    "POST /v1/completions": "implemented",
+    "POST /v1/messages": "implemented",
+    "POST /v1/embeddings": "implemented",
+    "GET /v1/models": "implemented",
+}
