@@ -195,9 +195,13 @@ class GatewayApp:
         return client_api
 
     async def models(self, request: Request) -> None:
-        names = self._models() + ((embeddings_api.MODEL,) if self.embedding else ())
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "hedgerow"}
-                for name in names]
+        data: list[dict[str, Any]] = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "hedgerow"}
+            for name in self._models()]
+        if self.embedding is not None:
+            # ``kind`` (not OpenAI's) lets a chat client such as the page skip it.
+            data.append({"id": embeddings_api.MODEL, "object": "model", "created": 0,
+                         "owned_by": "hedgerow", "kind": "embedding"})
         await send_json(request.send, 200, {"object": "list", "data": data})
 
     def _models(self) -> tuple[str, ...]:
@@ -317,7 +321,7 @@ class GatewayApp:
             # A miss: only now is the work for a worker prepared.
             ticket = self._ticket(asked, identity, klass, arrived, deadline_ms, due_ms)
             ticket.request_charged = caching is not None
-            call = UpstreamCall(ticket.request_id, request.path,
+            call = UpstreamCall(ticket.request_id, dialect.upstream_path,
                                 _upstream_body(request_json, model), model)
             chat = isinstance(parsed, oa.ChatCompletionRequest)
             wanted = Wanted(ticket, call, parsed, chat, observed)

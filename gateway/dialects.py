@@ -41,6 +41,7 @@ def _authorization(request: Request) -> str | None:
 @dataclass(frozen=True)
 class Dialect:
     shape: type[oa.ChatCompletionRequest] | type[oa.CompletionRequest]
+    upstream_path: str  # what the workers are asked on
     decode: Callable[[Request, bytes], dict[str, Any]] = _openai_decode
     credential: Callable[[Request], str | None] = _authorization
 
@@ -61,9 +62,10 @@ def _anthropic_credential(request: Request) -> str | None:
     return request.header("authorization")
 
 
-OPENAI_CHAT = Dialect(oa.ChatCompletionRequest)
-OPENAI_COMPLETIONS = Dialect(oa.CompletionRequest)
-ANTHROPIC_MESSAGES = Dialect(oa.ChatCompletionRequest, _anthropic_decode, _anthropic_credential)
+OPENAI_CHAT = Dialect(oa.ChatCompletionRequest, "/v1/chat/completions")
+OPENAI_COMPLETIONS = Dialect(oa.CompletionRequest, "/v1/completions")
+ANTHROPIC_MESSAGES = Dialect(oa.ChatCompletionRequest, "/v1/chat/completions",
+                             _anthropic_decode, _anthropic_credential)
 
 
 def anthropic_errors(handler: Handler) -> Handler:

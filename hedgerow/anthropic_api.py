@@ -25,6 +25,7 @@ The translation, as LiteLLM, vLLM and llama-server do it:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -45,7 +46,7 @@ from hedgerow.pydantic_errors import invalid_value
 MAX_MESSAGES = oa.MAX_MESSAGES
 MAX_STOP = oa.MAX_STOP
 MAX_TOOLS = 128  # OpenAI's bound on tools
-ANTHROPIC_VERSION = "2023-06-01"  # the only version of the API there is to serve
+ANTHROPIC_VERSION = "2023-06-01"  # the earliest version whose shapes are served
 
 StrictText = Annotated[str, Field(strict=True)]
 ToolName = Annotated[str, Field(strict=True, pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
@@ -127,7 +128,13 @@ class MessagesRequest(_Strict):
     # Refused unless they ask for nothing (api_params): only those values get here.
     thinking: dict[str, Any] | None = None
     service_tier: str | None = None
+    speed: str | None = None
+    output_config: dict[str, Any] | None = None
     top_k: None = None
+    # Accepted, unused: they cannot change an answer.
+    cache_control: dict[str, Any] | None = None
+    user_profile_id: Annotated[str, Field(strict=True, max_length=256)] | None = None
+    workspace_id: Annotated[str, Field(strict=True, max_length=256)] | None = None
 
 
 def openai_request(body: bytes) -> dict[str, Any]:
@@ -261,9 +268,15 @@ def _joined(content: str | list[TextBlock] | None) -> str:
 
 
 def check_version(header: str | None) -> None:
-    """``anthropic-version``: optional here (see README), but never another version."""
-    if header is None or header.strip() == ANTHROPIC_VERSION:
+    """``anthropic-version``: optional here (see README). Any dated version from
+    2023-06-01 on is served with that version's shapes (later ones added
+    fields, which the field tables refuse or accept by name); an earlier one
+    (2023-01-01 streamed differently) or one that is no date is a 400."""
+    if header is None:
         return
-    raise InvalidRequest(f"anthropic-version: {header.strip()[:MAX_NAME_SHOWN]!r} is not "
-                         f"served; Hedgerow speaks {ANTHROPIC_VERSION}",
+    version = header.strip()
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", version) and version >= ANTHROPIC_VERSION:
+        return
+    raise InvalidRequest(f"anthropic-version: {version[:MAX_NAME_SHOWN]!r} is not served; "
+                         f"Hedgerow speaks {ANTHROPIC_VERSION} and later",
                          param="anthropic-version", code="invalid_value")

@@ -214,9 +214,10 @@ def unsupported(param: str, why: str) -> InvalidRequest:
 _MESSAGES_ONLY = "a Messages API feature Hedgerow does not serve"
 
 # Anthropic's Messages API (``POST /v1/messages``; the reference is the
-# official ``anthropic`` SDK's ``MessageCreateParams``), translated onto the
-# chat path by ``hedgerow.anthropic_api``: "carried" fields reach the worker
-# as their OpenAI equivalents, so the chat path's own support applies to them.
+# official ``anthropic`` SDK's ``MessageCreateParams``, with the fields its
+# earlier versions sent: ``temperature``, ``top_p``, ``top_k`` …), translated
+# onto the chat path by ``hedgerow.anthropic_api``: "carried" fields reach the
+# worker as their OpenAI equivalents, so the chat path's own support applies.
 MESSAGES_PARAMS: dict[str, Param] = {
     "model": Param("implemented"),
     "messages": Param("implemented"),
@@ -229,14 +230,19 @@ MESSAGES_PARAMS: dict[str, Param] = {
     "tools": Param("carried"),
     "tool_choice": Param("carried"),
     "metadata": Param("accepted"),
+    "cache_control": Param("accepted"),  # a hint to Anthropic's prompt cache
+    "user_profile_id": Param("accepted"),  # the SDK sends these two as headers
+    "workspace_id": Param("accepted"),
     "top_k": _refused("the workers' OpenAI sampling has no top_k"),
     "thinking": _refused("no reasoning models are served", {"type": "disabled"}),
     "service_tier": _refused("there is one service tier", "auto", "standard_only"),
+    "speed": _refused("there is one speed", "standard"),
+    "output_config": _refused("effort and output formats are not translated", {}),
+    "output_format": _refused("output formats are not translated"),
+    "diagnostics": _refused("prompt-cache diagnostics are not returned"),
     "container": _refused(_MESSAGES_ONLY),
     "context_management": _refused(_MESSAGES_ONLY),
     "mcp_servers": _refused(_MESSAGES_ONLY),
-    "output_config": _refused(_MESSAGES_ONLY),
-    "output_format": _refused("structured output is not translated yet"),
     "inference_geo": _refused("there is one region"),
 }
 

@@ -161,11 +161,16 @@ def test_values_that_ask_for_nothing_are_accepted(fields: dict[str, Any]) -> Non
     assert translate(**fields)["model"] == "m"
 
 
-def test_the_version_header_is_optional_but_never_another_version() -> None:
-    anthropic_api.check_version(None)
-    anthropic_api.check_version("2023-06-01")
+@pytest.mark.parametrize("version", [None, "2023-06-01", "2026-10-21"])
+def test_the_version_header_is_optional_and_any_version_since_2023_06_01_is_served(
+        version: str | None) -> None:
+    anthropic_api.check_version(version)
+
+
+@pytest.mark.parametrize("version", ["2023-01-01", "latest", "2023-6-1", ""])
+def test_an_earlier_or_malformed_version_is_refused(version: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        anthropic_api.check_version("2099-01-01")
+        anthropic_api.check_version(version)
     assert caught.value.param == "anthropic-version"
 
 
