@@ -86,10 +86,10 @@ def test_a_message_with_a_system_prompt(claude: anthropic.Anthropic) -> None:
 
 def test_a_long_answer_stops_at_max_tokens(claude: anthropic.Anthropic) -> None:
     message = claude.messages.create(
-        model=MODEL, max_tokens=4, 
+        model=MODEL, max_tokens=4,
         messages=[{"role": "user", "content": [
             {"type": "text", "text": "Tell me a long story about a fox."}]}],
-        extra_headers=FRESH)
+        extra_headers=FRESH, extra_body=ZERO)
     assert (message.stop_reason, message.usage.output_tokens) == ("max_tokens", 4)
 
 
@@ -118,7 +118,7 @@ def test_a_streamed_message_sends_anthropics_events(stack: Stack) -> None:
 
 
 def test_the_sdks_stream_helper_accumulates_the_same_message(claude: anthropic.Anthropic) -> None:
-    with claude.messages.stream(model=MODEL, max_tokens=10, 
+    with claude.messages.stream(model=MODEL, max_tokens=10,
                                 system="Answer in one word.",
                                 messages=[{"role": "user", "content": "Capital of France?"}],
                                 extra_headers=FRESH) as stream:
@@ -127,6 +127,7 @@ def test_the_sdks_stream_helper_accumulates_the_same_message(claude: anthropic.A
     assert text.strip() and final.content[0].text == text
     assert final.id.startswith("msg_") and final.stop_reason in ("end_turn", "max_tokens")
     assert 0 < final.usage.output_tokens <= 10
+    assert final.usage.input_tokens > 0  # message_start has 0; message_delta has the count
 
 
 def test_a_repeated_deterministic_message_is_answered_from_the_cache(
