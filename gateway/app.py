@@ -29,8 +29,17 @@ import orjson
 
 from gateway.access_log import AccessLog
 from gateway.attempt import UpstreamCall
+from gateway.dialects import (
+    ANTHROPIC_MESSAGES,
+    OPENAI_CHAT,
+    OPENAI_COMPLETIONS,
+    AnthropicSend,
+    Dialect,
+    anthropic_errors,
+)
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
+from gateway.embeddings import EmbeddingModel
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics
 from gateway.usage_metrics import policy_prices
 from gateway.page import CHAT_PAGE, CHAT_PAGE_CSP
@@ -40,6 +49,7 @@ from gateway.generation import Generation, classify
 from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
 from gateway.stream_log import StreamBook, StreamLog
 from gateway.tickets import ChargeRequest, Reconfigure, Stats, Ticket
+from hedgerow import embeddings_api
 from hedgerow import openai_api as oa
 from hedgerow.actors import ActorRef
 from hedgerow.body_budget import BodyBudget
@@ -103,8 +113,12 @@ class GatewayApp:
     access_log: AccessLog = field(default_factory=AccessLog)
     streams: StreamBook = field(init=False)
     _flights: dict[str, Flight] = field(init=False, default_factory=dict)
+    # /v1/embeddings: the semantic cache's embedder (None: no cache, no route to it).
+    embedding: EmbeddingModel | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
+        if self.cache is not None:
+            self.embedding = EmbeddingModel(self.cache.embedder)
         self.streams = StreamBook(max_streams=1, max_total_bytes=1, retain_s=0)
         self._configure_streams(self.policy)
         self.router = Router()
@@ -115,6 +129,8 @@ class GatewayApp:
         self.router.add("GET", "/v1/models", client_api(self.models))
         self.router.add("POST", "/v1/chat/completions", client_api(self.chat))
         self.router.add("POST", "/v1/completions", client_api(self.completions))
+        self.router.add("POST", "/v1/messages", anthropic_errors(client_api(self.messages)))
+        self.router.add("POST", "/v1/embeddings", client_api(self.embeddings))
         for kind in ("chat/completions", "completions"):
             self.router.add("GET", f"/v1/{kind}/{{request_id}}/events", client_api(self.resume))
             self.router.add("POST", f"/v1/{kind}/{{request_id}}/cancel",
@@ -183,31 +199,87 @@ class GatewayApp:
         return client_api
 
     async def models(self, request: Request) -> None:
-        data = [
+        data: list[dict[str, Any]] = [
             {"id": name, "object": "model", "created": 0, "owned_by": "hedgerow"}
-            for name in self._models()
-        ]
+            for name in self._models()]
+        if self.embedding is not None:
+            # ``kind`` (not OpenAI's) lets a chat client such as the page skip it.
+            data.append({"id": embeddings_api.MODEL, "object": "model", "created": 0,
+                         "owned_by": "hedgerow", "kind": "embedding"})
         await send_json(request.send, 200, {"object": "list", "data": data})
 
     def _models(self) -> tuple[str, ...]:
         declared = {m.name for m in self.policy.models}
         return tuple(sorted(declared | set(self.directory.value.models())))
 
+    # -- embeddings -----------------------------------------------------
+
+    async def embeddings(self, request: Request) -> None:
+        observed = self.metrics.request(time.monotonic())
+        observed.operation = "embeddings"
+        try:
+            await self._embed(request, observed)
+        except BaseException as error:
+            observed.failed(error)
+            raise
+        finally:
+            observed.finished(time.monotonic())
+            self.access_log.write(observed, request.scope)
+
+    async def _embed(self, request: Request, observed: RequestMetrics) -> None:
+        """Admitted like a completion (tenant, body limits, requests/s), then
+        answered by the cache's embedder (``gateway.embeddings``)."""
+        if self.drain.draining:
+            raise GatewayDraining("this gateway is shutting down; retry", retry_after=1)
+        policy = self.policy
+        identity = identify(policy, request.header("authorization"))
+        observed.identified(identity.tenant, identity.priority_class, policy_prices(policy))
+        _require_json(request)
+        body = await request.body(policy.limits.max_body_bytes,
+                                  deadline_s=policy.timeouts.body_ms / 1000,
+                                  budget=self.body_budget)
+        parsed = embeddings_api.parse(oa.decode_request(body))
+        model = self.embedding
+        if model is None or parsed.model not in embeddings_api.MODEL_ALIASES:
+            raise ModelNotFound(f"the embedding model {parsed.model!r} does not exist; "
+                                f"{embeddings_api.MODEL!r} is served", param="model")
+        observed.labelled(embeddings_api.MODEL, identity.priority_class)
+        texts = parsed.texts()
+        counts = await model.token_counts(texts)
+        embeddings_api.check_token_counts(counts)
+        refusal = await self.scheduler.ask(ChargeRequest(identity.tenant, policy))
+        if refusal is not None:
+            raise refusal.to_error()
+        with self.drain.track() as in_flight:
+            request.send = in_flight.watch(request.send)
+            vectors = await model.embed(texts)
+            answer = embeddings_api.response_body(vectors, parsed.encoding_format, sum(counts))
+            observed.responded(200)
+            await send_json(request.send, 200, answer, [
+                (b"x-request-id", request.scope["hedgerow.request_id"].encode())])
+            return
+        await _end_cut_request(request, in_flight)
+
     # -- completions ----------------------------------------------------
 
     async def chat(self, request: Request) -> None:
-        await self._complete(request, oa.ChatCompletionRequest)
+        await self._complete(request, OPENAI_CHAT)
 
     async def completions(self, request: Request) -> None:
-        await self._complete(request, oa.CompletionRequest)
+        await self._complete(request, OPENAI_COMPLETIONS)
 
-    async def _complete(
-        self, request: Request, shape: type[oa.ChatCompletionRequest] | type[oa.CompletionRequest]
-    ) -> None:
+    async def messages(self, request: Request) -> None:
+        """Anthropic's Messages API: the chat path, its request translated on the
+        way in and its answer on the way out (``gateway.dialects``)."""
+        request.send = AnthropicSend(request)
+        await self._complete(request, ANTHROPIC_MESSAGES)
+
+    async def _complete(self, request: Request, dialect: Dialect) -> None:
         observed = self.metrics.request(time.monotonic())
-        observed.operation = "chat" if shape is oa.ChatCompletionRequest else "text_completion"
+        observed.operation = ("chat" if dialect.shape is oa.ChatCompletionRequest
+                              else "text_completion")
         try:
-            if not await self._complete_observed(request, shape, observed):
+            if not await self._complete_observed(request, dialect, observed):
                 observed.responded(CLIENT_CLOSED)
         except BaseException as error:
             observed.failed(error)
@@ -216,24 +288,23 @@ class GatewayApp:
             observed.finished(time.monotonic())
             self.access_log.write(observed, request.scope)
 
-    async def _complete_observed(
-        self, request: Request, shape: type[oa.ChatCompletionRequest] | type[oa.CompletionRequest],
-        observed: RequestMetrics,
-    ) -> bool:
+    async def _complete_observed(self, request: Request, dialect: Dialect,
+                                 observed: RequestMetrics) -> bool:
         """Serve one completion; False when the client left before it was done."""
         if self.drain.draining:
             raise GatewayDraining("this gateway is shutting down; retry", retry_after=1)
         # The policy in force when the request arrived governs it to the end,
         # even if a new version is swapped in meanwhile.
         policy = self.policy
-        identity = identify(policy, request.header("authorization"))
+        identity = identify(policy, dialect.credential(request))
         observed.identified(identity.tenant, identity.priority_class, policy_prices(policy))
         _require_json(request)
         body = await request.body(policy.limits.max_body_bytes,
                                   deadline_s=policy.timeouts.body_ms / 1000,
                                   budget=self.body_budget)
-        request_json = oa.decode_request(body)  # decoded once: validation, cache, upstream
-        parsed = oa.validate_request(request_json, shape)
+        # Decoded once (and translated to OpenAI's shape): validation, cache, upstream.
+        request_json = dialect.decode(request, body)
+        parsed = oa.validate_request(request_json, dialect.shape)
         check_request_limits(policy, identity.priority_class,
                              message_chars=parsed.message_chars(),
                              token_limit=parsed.token_limit(),
@@ -259,7 +330,7 @@ class GatewayApp:
             # A miss: only now is the work for a worker prepared.
             ticket = self._ticket(asked, identity, klass, arrived, deadline_ms, due_ms)
             ticket.request_charged = caching is not None
-            call = UpstreamCall(ticket.request_id, request.path,
+            call = UpstreamCall(ticket.request_id, dialect.upstream_path,
                                 _upstream_body(request_json, model), model)
             chat = isinstance(parsed, oa.ChatCompletionRequest)
             wanted = Wanted(ticket, call, parsed, chat, observed)
