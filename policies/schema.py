@@ -267,11 +267,23 @@ class Cors(_Strict):
         return self
 
 
+class ModelPrice(_Strict):
+    """What a million tokens of a model cost, in one currency the operator picks
+    (the same for every model): the gateways' ``hedgerow_tenant_cost_total``."""
+
+    input: float = Field(ge=0, le=1_000_000)  # prompt tokens a worker computed
+    output: float = Field(ge=0, le=1_000_000)  # completion tokens
+    # Tokens of answers served without a worker (cache hits, single-flight joins).
+    cached: float = Field(0.0, ge=0, le=1_000_000)
+
+
 class ModelEntry(_Strict):
     name: Name
     aliases: tuple[Name, ...] = ()
     # Part of every cache key: changing it invalidates the model's cached answers.
     version: Annotated[str, Field(min_length=1, max_length=64)] = "1"
+    # None: the model's tokens are counted but not priced.
+    price_per_million_tokens: ModelPrice | None = None
 
 
 class ExactCache(_Strict):
@@ -495,6 +507,10 @@ class Policy(_Strict):
 
     def declares_model(self, name: str) -> bool:
         return any(entry.name == name for entry in self.models)
+
+    def model_price(self, name: str) -> ModelPrice | None:
+        """The price of model ``name`` (canonical), None when the policy sets none."""
+        return next((m.price_per_million_tokens for m in self.models if m.name == name), None)
 
     def model_version(self, name: str) -> str:
         """The policy's version of model ``name`` (canonical), "1" if undeclared."""
