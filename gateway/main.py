@@ -26,7 +26,7 @@ from gateway.devcert import ensure_dev_certificate
 from gateway.follower import RegistryFollower
 from gateway.policy_follower import PolicyFollower, RunningPolicy
 from gateway.scheduler import Scheduler
-from gateway.scheduling import SchedulerClock, SchedulerDoor
+from gateway.scheduling import CLOCK_RESTARTS, SchedulerClock, SchedulerDoor
 from gateway.shared_limits import open_shared_limits
 from gateway.quic_admission import QuicFrontDoor, QuicLimits
 from gateway.h2_budget import H2Limits
@@ -150,7 +150,8 @@ async def run_gateway(
             # A plain object the request path calls; the clock task only borrows it,
             # so a crash of that task (restarted) loses no queue and no policy.
             scheduler = Scheduler(policy, directory, pop=options.pop)
-            supervisor.run_service("scheduler-clock", SchedulerClock(scheduler).run)
+            supervisor.run_service("scheduler-clock", SchedulerClock(scheduler).run,
+                                  restart_policy=CLOCK_RESTARTS)
             supervisor.run_service("response-cache", cache.run)
             app = GatewayApp(policy, directory, SchedulerDoor(scheduler, shared),
                              Dispatcher(scheduler, workers, policy), cache=cache,

@@ -19,6 +19,7 @@ no I/O; this module holds the little that does:
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ import anyio
 from gateway.scheduler import Scheduler
 from gateway.shared_limits import SharedRequestLimits, add_shared_counters
 from gateway.tickets import Submitted, Ticket
+from hedgerow.actors import RestartPolicy
 from policies.admission import Refused
 from policies.schema import Policy
 
@@ -83,6 +85,13 @@ class SchedulerDoor:
         if self.shared is not None:
             stats = add_shared_counters(stats, self.shared.counters)
         return stats
+
+
+# The clock holds no state, so restarting it is always safe, and giving up is
+# never: a dead clock would stop shedding queued requests at their deadlines and
+# leave hedges unfired. A fault that recurs on every tick is retried at most a
+# second apart (and logged by the supervisor each time), never abandoned.
+CLOCK_RESTARTS = RestartPolicy(backoff_initial=0.02, backoff_max=1.0, max_restarts=sys.maxsize)
 
 
 class SchedulerClock:

@@ -18,9 +18,9 @@ import pytest
 
 import gateway.scheduler
 from gateway.scheduler import Scheduler
-from gateway.scheduling import SchedulerClock
+from gateway.scheduling import CLOCK_RESTARTS, SchedulerClock
 from gateway.tickets import QUEUED, Assigned, Ticket
-from hedgerow.actors import ActorState, RestartPolicy, Supervisor
+from hedgerow.actors import ActorState, RestartPolicy, RestartTracker, Supervisor
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerLoad, WorkerRecord, WorkerRegistration
 from policies.admission import Refused
@@ -111,3 +111,11 @@ def test_the_scheduler_module_does_no_io_and_reads_no_clock() -> None:
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom)}
     assert not imported & {"anyio", "asyncio", "trio", "time", "socket", "redis", "httpx"}
+
+
+def test_the_clock_task_is_restarted_however_often_it_crashes() -> None:
+    """A default supervisor gives up after six crashes in a minute; the clock
+    holds no state, so it is restarted every time, at most a second apart."""
+    tracker = RestartTracker(CLOCK_RESTARTS)
+    delays = [tracker.on_crash(now=i * 0.5, started_at=i * 0.5) for i in range(1000)]
+    assert all(delay is not None and delay <= 1.0 for delay in delays)
