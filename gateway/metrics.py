@@ -325,7 +325,8 @@ def _source_families(stats: Mapping[str, Any] | None) -> list[Metric]:
         return []
     return [
         _counter("hedgerow_connections_refused_per_client_total", "TCP connections closed "
-                 "at accept, before TLS, by a per-client limit: ip_open/prefix_open "
+                 "at accept, before TLS, and QUIC Initials dropped, by a per-client limit "
+                 "(TCP and QUIC count together): ip_open/prefix_open "
                  "(--max-connections-per-ip/-prefix), ip_rate/prefix_rate "
                  "(--new-connections-per-ip/-prefix).", "limit", stats["refused"]),
         _gauge("hedgerow_connection_sources", "Client IPs and prefixes tracked: open (with "
@@ -401,7 +402,7 @@ def quic_families(stats: Mapping[str, Any]) -> list[Metric]:
     if not stats:
         return []
     reasons = {reason: stats["refused"].get(reason, 0) for reason in
-               ("half_open", "per_source", "connection_cap", "invalid_token")}
+               ("half_open", "per_source", "per_client", "connection_cap", "invalid_token")}
     return [
         _gauge("hedgerow_quic_half_open", "QUIC connections whose handshake is not done.",
                None, {"": stats["half_open"]}),

@@ -14,8 +14,9 @@ declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
    packets of open connections need.
 2. ``QuicProtocol.handle`` builds admitted connections itself (the lines of
    hypercorn's own, plus aioquic's ``original_destination_connection_id`` /
-   ``retry_source_connection_id`` after a Retry), takes a slot of the shared
-   ``ConnectionCap`` and starts a handshake timer; everything else goes to
+   ``retry_source_connection_id`` after a Retry), takes the client's slots
+   of the per-client limits and one of the ``ConnectionCap`` (both shared
+   with TCP) and starts a handshake timer; everything else goes to
    hypercorn's ``handle`` unchanged.
 3. ``QuicProtocol._handle_events`` reports each connection's handshake done
    (aioquic's ``_handshake_complete``) and its end (hypercorn forgets its ids)
@@ -165,7 +166,7 @@ def install_quic_cap() -> None:
         if door is None or not door.tracks(key):
             return
         if not connection.cids:  # terminated: hypercorn forgot its ids
-            door.closed(key)
+            door.closed(key, self.context.time())
             await _stop_guard(self, key)
         elif door.is_half_open(key) and connection.quic._handshake_complete:
             door.established(key)
@@ -243,7 +244,7 @@ async def _expire(protocol: Any, door: QuicFrontDoor, connection: Any) -> None:
     for cid in connection.cids:
         protocol.connections.pop(cid, None)
     connection.cids = set()
-    door.closed(key, timed_out=True)
+    door.closed(key, protocol.context.time(), timed_out=True)
 
 
 async def _stop_guard(protocol: Any, key: int) -> None:

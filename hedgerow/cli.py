@@ -289,15 +289,16 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
 
     limits = SourceLimitsConfig()
     gw.add_argument("--max-connections-per-ip", type=int, default=limits.max_open_per_ip,
-                    metavar="N", help="open TCP connections from one client IP at most; "
-                    f"beyond it new ones are closed before TLS (default {limits.max_open_per_ip}; "
+                    metavar="N", help="open connections (TCP and QUIC together) from one client "
+                    f"IP at most; beyond it new ones are closed before TLS (default {limits.max_open_per_ip}; "
                     "0: no limit)")
     gw.add_argument("--max-connections-per-prefix", type=int,
                     default=limits.max_open_per_prefix, metavar="N",
                     help="the same for one /24 (IPv4) or /64 (IPv6) "
                          f"(default {limits.max_open_per_prefix}; 0: no limit)")
     gw.add_argument("--new-connections-per-ip", type=float, default=limits.rate_per_ip,
-                    metavar="PER_S", help="new TCP connections per second from one client IP, "
+                    metavar="PER_S", help="new connections per second (TCP and QUIC together) "
+                    "from one client IP, "
                     f"with a burst of {BURST_S:g} s worth; beyond it they are closed before TLS "
                     f"(default {limits.rate_per_ip:g}; 0: no limit)")
     gw.add_argument("--new-connections-per-prefix", type=float,
