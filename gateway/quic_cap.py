@@ -27,6 +27,9 @@ declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
    field-section limit (advertised as SETTINGS_MAX_FIELD_SECTION_SIZE, a
    larger HEADERS frame refused as soon as its header is parsed, before its
    payload is buffered), QPACK table and blocked-streams limits.
+5. Connections are ``BoundedQuicConnection``s (``gateway.transport`` builds
+   hypercorn's ``QuicConnection`` on it): flow-control windows that move
+   with the data delivered, not double with the data received.
 
 ``install_quic_cap`` warns on versions other than those it was written
 against (``ASSUMED_VERSIONS``) and refuses to start when what it reaches
@@ -48,13 +51,22 @@ import pylsqpack
 from aioquic.asyncio.server import _encode_invalid_token_close
 from aioquic.buffer import Buffer  # type: ignore[attr-defined]
 from aioquic.h3.connection import ErrorCode, FrameType, H3Connection, H3Stream, ProtocolError, Setting
+from aioquic.quic.connection import (
+    CONNECTION_LIMIT_FRAME_CAPACITY,
+    MAX_STREAM_DATA_FRAME_CAPACITY,
+    QuicConnection,
+)
 from aioquic.quic.packet import (
     PACKET_TYPE_INITIAL,
     QuicErrorCode,
+    QuicFrameType,
     QuicHeader,
     encode_quic_retry,
     pull_quic_header,
 )
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.recovery import QuicPacketSpace
+from aioquic.quic.stream import QuicStream
 from hypercorn.events import RawData
 from hypercorn.protocol.quic import QuicProtocol, _Connection
 
@@ -120,6 +132,79 @@ class BoundedH3Connection(H3Connection):
             self._hedgerow_door.h3_headers_refused += 1
 
 
+class BoundedQuicConnection(QuicConnection):
+    """aioquic's ``QuicConnection`` with bounded flow-control windows.
+
+    aioquic 1.7.2 doubles a stream's MAX_STREAM_DATA as soon as the peer has
+    *sent* past half of it, and the connection's MAX_DATA likewise, whatever
+    was delivered; and a STREAM frame past a gap makes the receiver allocate
+    the gap (``QuicStreamReceiver.handle_frame``). So a client sending one
+    byte just under each new limit doubled what it could make the gateway
+    allocate every round trip: from 256 KiB past 1 GiB in a dozen.
+
+    Here each limit is what was delivered in order plus the configured window
+    (``configuration.max_stream_data`` a stream, ``max_data`` the
+    connection), raised once half a window has been delivered (fewer update
+    frames), never lowered: data received but not delivered (held in a gap,
+    or a reset stream's buffer) never exceeds the window. In-order data is
+    handed to hypercorn as it arrives, which is what "delivered" means here.
+    The two methods are aioquic's own, with the rule that raises a limit
+    changed (a fix upstream would change just that).
+    """
+
+    def _delivered(self) -> int:
+        """Bytes delivered in order on every stream: all received (the
+        connection limit's ``used``, gaps included), less what open streams
+        still hold beyond their delivered offset."""
+        held = sum(stream.receiver.highest_offset - stream.receiver.starting_offset()
+                   for stream in self._streams.values() if not stream.receiver.is_finished)
+        return self._local_max_data.used - held
+
+    def _write_connection_limits(self, builder: QuicPacketBuilder,
+                                 space: QuicPacketSpace) -> None:
+        max_data = self._local_max_data
+        window = self._configuration.max_data
+        wanted = self._delivered() + window
+        if wanted - max_data.value >= window // 2:
+            max_data.value = wanted
+        for limit in (max_data, self._local_max_streams_bidi, self._local_max_streams_uni):
+            if limit is not max_data and limit.sent - limit.used >= limit.value - limit.sent:
+                continue  # aioquic's batching of MAX_STREAMS
+            if limit.value != limit.sent:
+                buf = builder.start_frame(limit.frame_type,
+                                          capacity=CONNECTION_LIMIT_FRAME_CAPACITY,
+                                          handler=self._on_connection_limit_delivery,
+                                          handler_args=(limit,))
+                buf.push_uint_var(limit.value)
+                limit.sent = limit.value
+                if self._quic_logger is not None and builder.quic_logger_frames is not None:
+                    builder.quic_logger_frames.append(
+                        self._quic_logger.encode_connection_limit_frame(
+                            frame_type=limit.frame_type, maximum=limit.value))
+
+    def _write_stream_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace,
+                             stream: QuicStream) -> None:
+        # 0: a stream we opened for sending only; nothing to raise.
+        if stream.max_stream_data_local and not stream.receiver.is_finished:
+            window = self._configuration.max_stream_data
+            wanted = stream.receiver.starting_offset() + window
+            if wanted - stream.max_stream_data_local >= window // 2:
+                stream.max_stream_data_local = wanted
+        stream_id = stream.stream_id
+        if stream.max_stream_data_local_sent != stream.max_stream_data_local and stream_id is not None:
+            buf = builder.start_frame(QuicFrameType.MAX_STREAM_DATA,
+                                      capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
+                                      handler=self._on_max_stream_data_delivery,
+                                      handler_args=(stream,))
+            buf.push_uint_var(stream_id)
+            buf.push_uint_var(stream.max_stream_data_local)
+            stream.max_stream_data_local_sent = stream.max_stream_data_local
+            if self._quic_logger is not None and builder.quic_logger_frames is not None:
+                builder.quic_logger_frames.append(
+                    self._quic_logger.encode_max_stream_data_frame(
+                        maximum=stream.max_stream_data_local, stream_id=stream_id))
+
+
 def install_quic_cap() -> None:
     """Patch hypercorn's ``QuicProtocol`` and its ``H3Connection`` in place; idempotent."""
     if hasattr(QuicProtocol, _ORIGINAL):
@@ -135,6 +220,9 @@ def install_quic_cap() -> None:
         (H3Connection, "_init_connection"), (H3Connection, "_get_local_settings"),
         (H3Connection, "_check_request_or_push_frame_type"), (H3Connection, "_decode_headers"),
         (hypercorn.protocol.h3, "H3Connection"), (hypercorn.protocol.quic, "QuicConnection"),
+        (QuicConnection, "_write_connection_limits"), (QuicConnection, "_write_stream_limits"),
+        (QuicConnection, "_on_connection_limit_delivery"),
+        (QuicConnection, "_on_max_stream_data_delivery"),
     ) if not hasattr(owner, name)]
     if missing:
         raise RuntimeError(f"gateway.quic_cap cannot patch this hypercorn/aioquic: no {missing}")
