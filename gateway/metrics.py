@@ -417,9 +417,14 @@ def quic_families(stats: Mapping[str, Any]) -> list[Metric]:
         _counter("hedgerow_quic_handshake_timeouts_total", "QUIC connections closed with "
                  "their handshake not done in --quic-handshake-timeout-s.", None,
                  {"": stats["handshake_timeouts"]}),
-        _counter("hedgerow_h3_headers_refused_total", "HTTP/3 connections closed for a "
-                 "header section over --h3-max-field-section-bytes.", None,
+        _counter("hedgerow_h3_headers_refused_total", "HTTP/3 requests refused for a "
+                 "header section over --h3-max-field-section-bytes (answered 431 on their "
+                 "stream, or their connection closed).", None,
                  {"": stats["h3_headers_refused"]}),
+        _counter("hedgerow_h3_header_connections_cut_total", "HTTP/3 connections closed "
+                 "(H3_EXCESSIVE_LOAD) for oversized header sections: past "
+                 "--h3-max-refused-header-sections of them, or in trailers.", None,
+                 {"": stats.get("h3_connections_cut", 0)}),
     ]
 
 

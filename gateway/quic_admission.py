@@ -80,6 +80,9 @@ class QuicLimits:
     # The HEADERS frame as sent and the field section once decoded (names +
     # values + 32 bytes a line, RFC 9114 4.2.2), like h2's header list limit.
     h3_max_field_section_bytes: int = 64 * 1024
+    # Requests over it are answered 431, one stream each; past this many on
+    # one connection (or over it in trailers) the connection is closed.
+    h3_max_refused_header_sections: int = 8
     # 0: no QPACK dynamic table, so a small HEADERS frame cannot inflate into
     # a large field section by repeating references to big table entries.
     h3_qpack_table_bytes: int = 0
@@ -96,7 +99,7 @@ class QuicLimits:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         for name in ("max_half_open", "max_half_open_per_source", "h3_max_field_section_bytes",
-                     "max_data_bytes", "max_stream_data_bytes"):
+                     "h3_max_refused_header_sections", "max_data_bytes", "max_stream_data_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if not self.handshake_timeout_s > 0 or not self.token_lifetime_s > 0:
@@ -200,7 +203,8 @@ class QuicFrontDoor:
         self.refused: Counter[str] = Counter()  # by reason
         self.retries_sent = 0
         self.handshake_timeouts = 0
-        self.h3_headers_refused = 0
+        self.h3_headers_refused = 0  # header sections over the limit (431 or cut)
+        self.h3_connections_cut = 0  # of them, the ones that closed their connection
 
     @property
     def half_open(self) -> int:
@@ -315,6 +319,7 @@ class QuicFrontDoor:
             "retries_sent": self.retries_sent,
             "handshake_timeouts": self.handshake_timeouts,
             "h3_headers_refused": self.h3_headers_refused,
+            "h3_connections_cut": self.h3_connections_cut,
         }
 
     def _forget_half_open(self, handle: int) -> bool:

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from importlib.metadata import version
 
 import pytest
-from aioquic.h3.connection import H3_ALPN, ErrorCode, H3Connection, Setting
+from aioquic.buffer import encode_uint_var
+from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, H3Connection, H3Stream, Setting
 from aioquic.h3.events import H3Event, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
@@ -64,6 +65,7 @@ class Pair:
         self.client_h3 = H3Connection(self.client)
         self.server_h3: BoundedH3Connection | None = None
         self.server_events: list[H3Event] = []
+        self.client_events: list[H3Event] = []
         self.terminated: ConnectionTerminated | None = None
         self.exchange()
 
@@ -91,16 +93,28 @@ class Pair:
         while (event := self.client.next_event()) is not None:
             if isinstance(event, ConnectionTerminated):
                 self.terminated = event
-            self.client_h3.handle_event(event)
+            self.client_events += self.client_h3.handle_event(event)
 
-    def request(self, filler_bytes: int) -> None:
+    def request(self, filler_bytes: int, end_stream: bool = True) -> int:
         stream_id = self.client.get_next_available_stream_id()
         headers = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost"),
                    (b":path", b"/")]
         for index in range(0, filler_bytes, 1024):
             headers.append((b"x-f%d" % index, b"a" * min(1024, filler_bytes - index)))
-        self.client_h3.send_headers(stream_id, headers, end_stream=True)
+        self.client_h3.send_headers(stream_id, headers, end_stream=end_stream)
         self.exchange()
+        return stream_id
+
+    def status(self, stream_id: int) -> int | None:
+        """The status the client received on ``stream_id``, if any."""
+        for event in self.client_events:
+            if isinstance(event, HeadersReceived) and event.stream_id == stream_id:
+                return int(dict(event.headers)[b":status"])
+        return None
+
+    def served(self) -> list[int]:
+        """Streams the server handed to the application (HeadersReceived)."""
+        return [e.stream_id for e in self.server_events if isinstance(e, HeadersReceived)]
 
 
 def test_limits_are_advertised_and_a_section_within_them_is_served(
@@ -116,17 +130,19 @@ def test_limits_are_advertised_and_a_section_within_them_is_served(
     assert pair.terminated is None
 
 
-def test_an_oversized_section_closes_the_connection_with_excessive_load(
+def test_an_oversized_section_is_answered_431_and_the_connection_goes_on(
         cert: DevCertificate, door: QuicFrontDoor) -> None:
     pair = Pair(cert)
-    pair.request(LIMIT * 2)
-    assert pair.server_events == []
-    assert pair.terminated is not None
-    assert pair.terminated.error_code == ErrorCode.H3_EXCESSIVE_LOAD
-    assert door.h3_headers_refused == 1
+    refused = pair.request(LIMIT * 2)
+    assert pair.served() == []  # never reached the application
+    assert pair.status(refused) == 431
+    assert pair.terminated is None
+    served = pair.request(LIMIT // 2)  # the same connection serves the next request
+    assert pair.served() == [served]
+    assert door.h3_headers_refused == 1 and door.h3_connections_cut == 0
 
 
-def test_a_section_that_decodes_over_the_limit_is_refused(
+def test_a_section_that_decodes_over_the_limit_is_answered_431(
         cert: DevCertificate, door: QuicFrontDoor) -> None:
     # Many short lines: the frame is under the limit, the 32 bytes a line push
     # the decoded section (RFC 9114 4.2.2's measure) over it.
@@ -135,6 +151,52 @@ def test_a_section_that_decodes_over_the_limit_is_refused(
     headers = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost"),
                (b":path", b"/")] + [(b"x", b"%d" % i) for i in range(LIMIT // 34)]
     pair.client_h3.send_headers(stream_id, headers, end_stream=True)
+    pair.exchange()
+    assert pair.status(stream_id) == 431
+    assert pair.served() == [] and pair.terminated is None
+
+
+def test_a_declared_huge_frame_is_answered_without_buffering_and_its_stream_dropped(
+        cert: DevCertificate, door: QuicFrontDoor) -> None:
+    pair = Pair(cert)
+    stream_id = pair.client.get_next_available_stream_id()
+    # A HEADERS frame declaring 1 GiB, 8 KiB of it sent, then DATA: nothing of
+    # it is kept, nothing reaches the application (hypercorn would look the
+    # stream up and fail), and the client is told to stop sending.
+    # (The rest goes out before the answer can arrive: a packet at a time,
+    # the stream's later chunks reach the server after its refusal.)
+    pair.client.send_stream_data(stream_id, encode_uint_var(FrameType.HEADERS)
+                                 + encode_uint_var(1 << 30) + b"\0" * 8192)
+    pair.client.send_stream_data(stream_id, b"\0" * 8192, end_stream=True)
+    pair.exchange()
+    assert pair.status(stream_id) == 431
+    assert pair.server_events == [] and pair.terminated is None
+    assert pair.server_h3 is not None
+    assert len(pair.server_h3._stream.get(stream_id, H3Stream(stream_id)).buffer) == 0
+    stopped = pair.server._streams.get(stream_id)
+    assert stopped is None or stopped.receiver.is_finished  # STOP_SENDING'd, then reset
+
+
+def test_a_client_that_keeps_sending_oversized_sections_is_cut(
+        cert: DevCertificate, door: QuicFrontDoor) -> None:
+    allowed = door.limits.h3_max_refused_header_sections
+    pair = Pair(cert)
+    for _ in range(allowed):
+        assert pair.status(pair.request(LIMIT * 2)) == 431
+    assert pair.terminated is None
+    pair.request(LIMIT * 2)
+    assert pair.terminated is not None
+    assert pair.terminated.error_code == ErrorCode.H3_EXCESSIVE_LOAD
+    assert door.h3_headers_refused == allowed + 1 and door.h3_connections_cut == 1
+
+
+def test_oversized_trailers_close_the_connection(
+        cert: DevCertificate, door: QuicFrontDoor) -> None:
+    # Trailers come after the application has the request: no 431 is possible.
+    pair = Pair(cert)
+    stream_id = pair.request(0, end_stream=False)
+    assert pair.served() == [stream_id]
+    pair.client_h3.send_headers(stream_id, [(b"x-t", b"a" * (LIMIT * 2))], end_stream=True)
     pair.exchange()
     assert pair.terminated is not None
     assert pair.terminated.error_code == ErrorCode.H3_EXCESSIVE_LOAD
