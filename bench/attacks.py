@@ -339,8 +339,7 @@ def _quic_metrics(stack: Stack) -> dict[str, float]:
 
 def quic_flood(stack: Stack) -> AttackOutcome:
     before = _quic_metrics(stack)
-    stop_at = time.monotonic() + FLOOD_S
-    flood = quic_initial_flood(stack.gateway_port, stack.ca_cert, stop_at,
+    flood = quic_initial_flood(stack.gateway_port, stack.ca_cert, FLOOD_S,
                                sockets=QUIC_FLOOD_SOCKETS, pps=QUIC_FLOOD_PPS)
     ended = time.monotonic()
     gone: float | None = None

@@ -62,10 +62,12 @@ class QuicFloodResult:
     handshakes: dict[int, float] = field(default_factory=dict)
 
 
-def quic_initial_flood(port: int, ca_cert: Path, stop_at: float, *, sockets: int,
+def quic_initial_flood(port: int, ca_cert: Path, duration_s: float, *, sockets: int,
                        pps: float) -> QuicFloodResult:
     """Initials from ``sockets`` source ports in turn, at most ``pps`` a second on
-    average, until ``stop_at`` (monotonic)."""
+    average, for ``duration_s`` from the first one sent. (Building the Initials
+    comes first and takes seconds on a loaded machine: a deadline fixed before
+    it once left no time to send any.)"""
     target = ("127.0.0.1", port)
     initials = [quic_initial(port, ca_cert) for _ in range(sockets)]
     socks: list[socket.socket] = []
@@ -77,6 +79,7 @@ def quic_initial_flood(port: int, ca_cert: Path, stop_at: float, *, sockets: int
             sock.bind(("127.0.0.1", 0))
             sock.setblocking(False)
         started = time.monotonic()
+        stop_at = started + duration_s
         while time.monotonic() < stop_at:
             for index, (sock, initial) in enumerate(zip(socks, initials)):
                 while result.sent > (time.monotonic() - started) * pps:  # paced
