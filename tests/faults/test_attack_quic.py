@@ -402,10 +402,13 @@ async def test_oversized_http3_header_blocks_are_refused_on_their_stream(stack: 
 REFUSALS_ALLOWED = QuicLimits().h3_max_refused_header_sections  # the gateway's default
 
 
+REPEAT_ATTACK_S = 1.5  # new abusive connections, one after another, this long
+
+
 async def test_a_connection_repeating_oversized_header_blocks_is_cut(stack: Stack) -> None:
     before = await _scrape(stack)
 
-    async def attack() -> float:
+    async def one() -> float:
         async with connect("127.0.0.1", _port(stack),
                            configuration=_client_configuration(stack),
                            create_protocol=_Recorder) as client:
@@ -418,13 +421,23 @@ async def test_a_connection_repeating_oversized_header_blocks_is_cut(stack: Stac
             assert closed.error_code == ErrorCode.H3_EXCESSIVE_LOAD, closed
             return time.monotonic() - sent_at
 
+    async def attack() -> list[float]:
+        # One connection is cut in ~0.2 s: new ones follow, so the good
+        # client is measured over more than a request or two.
+        cut_after: list[float] = []
+        started = time.monotonic()
+        while not cut_after or time.monotonic() - started < REPEAT_ATTACK_S:
+            cut_after.append(await one())
+        return cut_after
+
     cut_after, good = await _during(stack, attack)
-    print(f"headers: the repeating connection was cut after {cut_after * 1000:.0f} ms")
-    assert cut_after <= HEADER_CUT_BUDGET_S
+    print(f"headers: {len(cut_after)} repeating connections cut after max "
+          f"{max(cut_after) * 1000:.0f} ms")
+    assert max(cut_after) <= HEADER_CUT_BUDGET_S, cut_after
     after = await _scrape(stack)
     cut = (after["hedgerow_h3_header_connections_cut_total"]
            - before.get("hedgerow_h3_header_connections_cut_total", 0))
-    assert cut == 1
+    assert cut == len(cut_after)
     good.check(minimum=3)
 
 
