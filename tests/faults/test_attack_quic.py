@@ -211,9 +211,17 @@ async def test_an_initial_flood_from_many_ports_is_retried_and_cut(stack: Stack)
     print(f"flood: {flood}, gateway retries {retries:.0f}, peak half-open {max(peak)}, "
           f"timeouts {timeouts:.0f}, half-open gone {took:.1f} s after")
     assert flood.sent >= FLOOD_PPS * FLOOD_S / 2, flood  # the attack really ran
-    # All but the first few Initials of new connections were answered statelessly.
-    assert retries >= flood.sent - 2 * FLOOD_SOCKETS, (retries, flood)
-    assert flood.retries >= flood.sent - 2 * FLOOD_SOCKETS, flood
+    # Every Initial the gateway read was answered statelessly except those of
+    # the ports it began a handshake for (below the Retry threshold, and
+    # again each time the handshake timeout emptied it): each port resends
+    # its one Initial every round, and once its connection exists those are
+    # its packets, not new Initials. Plus one round in flight. (What it did
+    # not read -- the kernel drops datagrams past the socket's buffer when a
+    # loaded machine falls behind 3,000/s -- got no answer at all.)
+    per_port = -(-flood.sent // FLOOD_SOCKETS)
+    unretried = len(flood.handshakes) * per_port + FLOOD_SOCKETS
+    assert flood.retries >= flood.answers - unretried, (unretried, flood)
+    assert retries >= flood.retries and flood.retries >= flood.sent / 2, (retries, flood)
     # Half-open connections never went past the Retry threshold (plus the good
     # client's own, which come with a token), and each flood one timed out.
     assert peak and max(peak) <= RETRY_ABOVE + 2, peak
