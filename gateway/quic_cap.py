@@ -538,3 +538,10 @@ def _answer(door: QuicFrontDoor, verdict: Verdict, header: QuicHeader, address: 
 def _log(door: QuicFrontDoor) -> None:
     if door.cap is not None:
         log_refusals(door.cap)
+        # The per-client limits' refusals, TCP's and QUIC's in one count, at
+        # most one line per connection_cap.LOG_EVERY_S whichever logs it.
+        refused = door.cap.source_refusals_to_log(asyncio.get_running_loop().time())
+        if refused:
+            log.warning("per-client connection limits: %d connection(s) refused (TCP closed "
+                        "at accept, QUIC Initials dropped; --max-connections-per-ip/-prefix, "
+                        "--new-connections-per-ip/-prefix)", refused)
