@@ -26,6 +26,7 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │                                        identity may not do this)
     ├── Conflict                        409 conflict_error
     ├── RateLimited                     429 rate_limit_exceeded (Retry-After)
+    │   └── BudgetExceeded              429  code=budget_exceeded (Retry-After: the reset)
     ├── NoHealthyWorker                 503 service_unavailable (Retry-After)
     ├── GatewayDraining                 503 service_unavailable (Retry-After)
     ├── PolicyUnavailable               503 service_unavailable (Retry-After)
@@ -196,6 +197,13 @@ class RateLimited(HedgerowError):
     status = 429
     error_type = "rate_limit_exceeded"
     default_code = "rate_limit_exceeded"
+
+
+class BudgetExceeded(RateLimited):
+    """A tenant's or key's token or cost budget for the day or month is spent
+    (``policies.budget``); Retry-After points at the budget's reset."""
+
+    default_code = "budget_exceeded"
 
 
 class NoHealthyWorker(HedgerowError):
