@@ -11,8 +11,10 @@ holds the state: the key secret (``gateway.key_secret`` fetches it), the
 keyring of the policy in force, the per-key buckets and the open reservations.
 
 Per-key rates are this gateway's own token buckets (like a tenant's local
-buckets); budgets go through ``budgets``: this gateway's ``LocalBudgets`` or,
-with ``--redis``, ``gateway.shared_budgets`` for all gateways.
+buckets) and, with ``--redis``, the same buckets in Redis for all gateways
+(``shared_rates``: ``gateway.shared_limits``, checked first). Budgets go
+through ``budgets``: this gateway's ``LocalBudgets`` or, with ``--redis``,
+``gateway.shared_budgets`` for all gateways.
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ class Budgets(Protocol):
                      now: float) -> None: ...
 
 
+class SharedKeyRates(Protocol):
+    async def take_key(self, key_id: str, requests_per_s: float | None,
+                       tokens_per_min: float | None, tokens: float
+                       ) -> tuple[str, float] | None: ...
+
+    async def settle_key(self, key_id: str, tokens_per_min: float, change: float) -> None: ...
+
+
 class LocalBudgets:
     """This gateway's own ledger: without Redis each gateway holds every budget."""
 
@@ -74,6 +84,7 @@ class Held:
     price: Price | None
     key: VirtualKey | None
     key_tokens: float  # taken from the key's tokens bucket
+    shared_key_tokens: float  # taken from its shared (Redis) tokens bucket
 
 
 class _KeyBuckets:
@@ -94,6 +105,8 @@ class KeyGate:
     clock: Callable[[], float] = time.time
     # The cluster's key secret (None until ``gateway.key_secret`` has it).
     secret: bytes | None = None
+    # A key's rates across gateways (``gateway.shared_limits``); None: this gateway's only.
+    shared_rates: SharedKeyRates | None = None
     _keyring: tuple[Policy, bytes, Keyring] | None = field(default=None, init=False)
     _buckets: OrderedDict[str, _KeyBuckets] = field(default_factory=OrderedDict, init=False)
     _held: dict[str, Held] = field(default_factory=dict, init=False)
@@ -119,15 +132,21 @@ class KeyGate:
         now = self.clock()
         price = policy_prices(policy)(model)
         tokens = float(prompt_tokens + max_output_tokens)
-        key_tokens = self._take_key_rate(key, tokens, now)
+        shared_tokens = await self._take_shared_key_rate(key, tokens)
+        try:
+            key_tokens = self._take_key_rate(key, tokens, now)
+        except RateLimited:
+            await self._settle_shared(key, shared_tokens, 0.0)
+            raise
         lines = budget_lines(policy, identity.tenant, key, now)
         asked = Spend(tokens, _cost(price, Usage(prompt_tokens, max_output_tokens)))
         refusal = await self.budgets.reserve(lines, asked, now) if lines else None
         if refusal is not None:
             self._give_back_key_tokens(key, key_tokens, 0.0)
+            await self._settle_shared(key, shared_tokens, 0.0)
             raise refusal
-        if (lines or key_tokens) and len(self._held) < MAX_OPEN:
-            self._held[request_id] = Held(lines, asked, price, key, key_tokens)
+        if (lines or key_tokens or shared_tokens) and len(self._held) < MAX_OPEN:
+            self._held[request_id] = Held(lines, asked, price, key, key_tokens, shared_tokens)
 
     async def settle(self, request_id: str, usage: Usage | None) -> None:
         """The request has ended with ``usage`` (None: no tokens were computed)."""
@@ -137,10 +156,39 @@ class KeyGate:
         used = usage or Usage()
         actual = Spend(float(used.prompt_tokens + used.completion_tokens), _cost(held.price, used))
         self._give_back_key_tokens(held.key, held.key_tokens, actual.tokens)
-        if held.lines:
-            # Settling must finish even when the client's cancellation ends the request.
-            with anyio.CancelScope(shield=True):
+        # Settling must finish even when the client's cancellation ends the request.
+        with anyio.CancelScope(shield=True):
+            await self._settle_shared(held.key, held.shared_key_tokens, actual.tokens)
+            if held.lines:
                 await self.budgets.settle(held.lines, held.reserved, actual, self.clock())
+
+    async def _take_shared_key_rate(self, key: VirtualKey | None, tokens: float) -> float:
+        """What was taken from the key's shared tokens bucket (0: none, or no Redis)."""
+        if self.shared_rates is None or key is None or (
+                key.limits.requests_per_s is None and key.limits.tokens_per_min is None):
+            return 0.0
+        limits = key.limits
+        charge = min(tokens, limits.tokens_per_min) if limits.tokens_per_min else 0.0
+        refused = await self.shared_rates.take_key(key.id, limits.requests_per_s,
+                                                   limits.tokens_per_min, charge)
+        if refused is None:
+            return charge
+        by, wait = refused
+        if by == "tokens":
+            raise RateLimited(f"API key {key.id} exceeded {limits.tokens_per_min:g} tokens per "
+                              "minute (shared by all gateways)", code="tokens_rate",
+                              retry_after=wait)
+        raise RateLimited(f"API key {key.id} exceeded {limits.requests_per_s:g} requests per "
+                          "second (shared by all gateways)", code="requests_rate",
+                          retry_after=wait)
+
+    async def _settle_shared(self, key: VirtualKey | None, charged: float,
+                             actual: float) -> None:
+        if self.shared_rates is None or key is None or not charged:
+            return
+        if key.limits.tokens_per_min is not None:
+            await self.shared_rates.settle_key(key.id, key.limits.tokens_per_min,
+                                               charged - actual)
 
     def _take_key_rate(self, key: VirtualKey | None, tokens: float, now: float) -> float:
         buckets = self._buckets_of(key)

@@ -161,7 +161,7 @@ async def run_gateway(
                              body_budget=BodyBudget(options.max_buffered_body_bytes))
             # Budgets across gateways through the shared limits' Redis, else this gateway's own.
             app.keys = KeyGate(budgets=SharedBudgets(shared.redis) if shared is not None
-                               else LocalBudgets())
+                               else LocalBudgets(), shared_rates=shared)
             supervisor.run_service("key-secret", KeySecretFetcher(
                 options.control_plane, app.keys, verify=tls.client()).run)
             app.metrics.watch_body_budget(app.body_budget.stats)
