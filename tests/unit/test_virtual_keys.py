@@ -4,6 +4,7 @@ the gateway's door, and the keys block that policy edits and rollbacks keep."""
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import anyio
 import pytest
@@ -154,3 +155,44 @@ def test_per_key_rate_and_cost_budget_reserve_then_settle() -> None:
         assert "per month" in spent.value.message
 
     anyio.run(later)
+
+
+class _StoreRef:
+    """The policy actor's ref, answering ApplyPolicy from a PolicyStore."""
+
+    def __init__(self, store: PolicyStore) -> None:
+        self.store = store
+
+    async def ask(self, message: object, *, timeout: float = 5.0) -> object:
+        from control_plane.policy_actor import ApplyPolicy
+
+        assert isinstance(message, ApplyPolicy)
+        return self.store.apply(message.text, message.source, 0)
+
+
+def test_keys_survive_a_control_plane_restart_without_redis(tmp_path: Path) -> None:
+    from control_plane.key_file import restore_keys, save_keys
+    from hedgerow.latest import LatestValue
+
+    path = tmp_path / "keys.yaml"
+    key = make_key(new_key())
+    before = PolicyStore(parse_policy_document(BASE, "v1"), BASE)
+    published = LatestValue(before.current, 1)
+
+    async def run_and_save() -> None:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(save_keys, published, path)
+            created = before.apply(with_keys(BASE, [key]), "key create", 1)
+            published.publish(created, created.version)
+            with anyio.fail_after(5):
+                while not path.exists():
+                    await anyio.sleep(0.01)
+            tasks.cancel_scope.cancel()
+
+    anyio.run(run_and_save)
+    assert key.hmac_sha256 in path.read_text()
+    # The restarted control plane starts from the policy file alone, then restores.
+    after = PolicyStore(parse_policy_document(BASE, "v1"), BASE)
+    anyio.run(restore_keys, _StoreRef(after), LatestValue(after.current, 1),  # type: ignore[arg-type]
+              path)
+    assert [k.id for k in after.current.policy.keys] == [key.id]
