@@ -36,17 +36,13 @@ from control_plane.policy_api import send_policy_error
 from control_plane.policy_store import PolicyVersion
 from hedgerow.actors import ActorRef
 from hedgerow.asgi import Request, send_json
-from hedgerow.errors import InvalidRequest, StreamNotFound
+from hedgerow.errors import InvalidRequest, KeyNotFound
 from policies.keys import derive_key_secret, key_digest, new_key, new_key_id, with_keys
 from policies.schema import Budget, KeyLimits, PolicyError, VirtualKey
 
 ASK_TIMEOUT_S = 5.0
 MAX_BODY = 16 * 1024
 MAX_TTL_S = 10 * 365 * 86400.0
-
-
-class KeyNotFound(StreamNotFound):
-    default_code = "key_not_found"
 
 
 @dataclass
@@ -135,6 +131,9 @@ def _new_key(asked: dict[str, Any], digest: str, current: PolicyVersion) -> Virt
                             "requests_per_s", "tokens_per_min", "budgets"}
     if unknown:
         raise ValueError(f"unknown fields {sorted(unknown)}")
+    for listed in ("models", "budgets"):
+        if not isinstance(asked.get(listed) or [], list):
+            raise ValueError(f"{listed} must be a list")
     tenant = asked.get("tenant")
     if not any(t.name == tenant for t in current.policy.tenants):
         names = ", ".join(t.name for t in current.policy.tenants) or "none"

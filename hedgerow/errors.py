@@ -11,6 +11,7 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │   ├── UnknownWorker               404  code=unknown_worker
     │   ├── UnknownPolicyVersion        404  code=unknown_policy_version
     │   ├── StreamNotFound              404  code=stream_not_found
+    │   ├── KeyNotFound                 404  code=key_not_found
     │   ├── StreamGone                  410  code=stream_gone
     │   ├── PolicyError                 400  code=invalid_policy (policies.schema;
     │   │                                    carries file:line:column issues)
@@ -118,6 +119,13 @@ class StreamNotFound(InvalidRequest):
 
     status = 404
     default_code = "stream_not_found"
+
+
+class KeyNotFound(InvalidRequest):
+    """``hedgerow key revoke`` of an id that is not a key (revoked already, or a typo)."""
+
+    status = 404
+    default_code = "key_not_found"
 
 
 class StreamGone(InvalidRequest):

@@ -168,3 +168,16 @@ def test_a_keys_own_rate_holds_across_gateways(cluster: Cluster) -> None:
     assert refused.status_code == 429, refused.text
     assert refused.json()["error"]["code"] == "requests_rate"
     assert "shared by all gateways" in refused.json()["error"]["message"]
+
+
+def test_the_key_api_refuses_what_it_cannot_store(cluster: Cluster) -> None:
+    with cluster.stack.admin() as admin:
+        unknown = admin.post("/v1/keys", json={"tenant": "nobody"})
+        assert unknown.status_code == 400 and "tenant 'nobody'" in unknown.text
+        bad = admin.post("/v1/keys", json={"tenant": "acme", "budgets": [{"period": "week",
+                                                                          "tokens": 5}]})
+        assert bad.status_code == 400 and "period" in bad.text
+        assert admin.delete("/v1/keys/key_00000000deadbeef").status_code == 404
+    # A gateway certificate may fetch the key secret; the admin may not.
+    with cluster.stack.admin() as admin:
+        assert admin.get("/v1/keys/secret").status_code == 403
