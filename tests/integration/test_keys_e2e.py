@@ -100,7 +100,7 @@ def create(cluster: Cluster, **body: Any) -> str:
 def runs(cluster: Cluster, version: int) -> bool:
     with cluster.stack.admin() as admin:
         gateways = admin.get("/v1/status").json()["gateways"]
-    return sum((g["running_version"] or 0) >= version for g in gateways) == 2
+    return bool(sum((g["running_version"] or 0) >= version for g in gateways) == 2)
 
 
 def works_everywhere(cluster: Cluster, key: str) -> bool:
