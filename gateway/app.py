@@ -2,9 +2,9 @@
 
 Request path: identify the tenant, read the body within the policy's limit,
 validate, resolve the model, and build a ``Ticket`` (class deadline, token
-estimate, route preferences). The scheduler actor admits it or refuses it at
-once (429/503, never touching a worker), then assigns it a worker slot in
-deadline order; the dispatcher gets its first token (retrying or hedging as
+estimate, route preferences). The scheduler, called directly through its
+door (``gateway.scheduling``), admits it or refuses it at once (429/503,
+never touching a worker), then assigns it a worker slot in deadline order; the dispatcher gets its first token (retrying or hedging as
 needed); the relay streams the rest. A client that goes away cancels all of
 it, which stops the generation upstream.
 
@@ -49,10 +49,10 @@ from gateway.cache.keys import bypasses_lookup, cacheable
 from gateway.generation import Generation, classify
 from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
 from gateway.stream_log import StreamBook, StreamLog
-from gateway.tickets import ChargeRequest, Reconfigure, Stats, Ticket
+from gateway.scheduling import SchedulerDoor
+from gateway.tickets import Ticket
 from hedgerow import embeddings_api
 from hedgerow import openai_api as oa
-from hedgerow.actors import ActorRef
 from hedgerow.body_budget import BodyBudget
 from hedgerow.asgi import (
     SSE_HEADERS,
@@ -100,7 +100,7 @@ POLICY_RETRY_AFTER_S = 2.0
 class GatewayApp:
     policy: Policy
     directory: LatestValue[RegistrySnapshot]
-    scheduler: ActorRef
+    scheduler: SchedulerDoor
     dispatcher: Dispatcher
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     drain: Drain = field(default_factory=Drain)
@@ -162,7 +162,7 @@ class GatewayApp:
         self._configure_streams(policy)
         if self.cache is not None:
             self.cache.apply_policy(policy)
-        await self.scheduler.tell(Reconfigure(policy))
+        self.scheduler.apply_policy(policy)
 
     def _configure_streams(self, policy: Policy) -> None:
         settings = policy.streams
@@ -189,8 +189,7 @@ class GatewayApp:
 
     async def render_metrics(self) -> bytes:
         """The Prometheus text the admin listener serves at ``/metrics``."""
-        stats = await self.scheduler.ask(Stats())
-        return self.metrics.render(stats, self.directory.value)
+        return self.metrics.render(self.scheduler.stats(), self.directory.value)
 
     def _needs_policy(self, handler: Handler) -> Handler:
         async def client_api(request: Request) -> None:
@@ -252,7 +251,7 @@ class GatewayApp:
         texts = parsed.texts()
         counts = await model.token_counts(texts)
         embeddings_api.check_token_counts(counts)
-        refusal = await self.scheduler.ask(ChargeRequest(identity.tenant, policy))
+        refusal = await self.scheduler.charge_request(identity.tenant, policy)
         if refusal is not None:
             raise refusal.to_error()
         with self.drain.track() as in_flight:
@@ -355,10 +354,10 @@ class GatewayApp:
         """A cacheable request is charged to the tenant's requests/s (local and
         shared) here, before the cache answers it or it joins or leads a
         flight: cache hits and joins count like any request (a 429 past the
-        rate), and a leader is charged before anyone can join it. Its ``Submit``
+        rate), and a leader is charged before anyone can join it. Its ``submit``
         then skips the requests/s it has paid; tokens, concurrency and the
         queue are charged there as before."""
-        refusal = await self.scheduler.ask(ChargeRequest(asked.tenant, asked.policy))
+        refusal = await self.scheduler.charge_request(asked.tenant, asked.policy)
         if refusal is not None:
             raise refusal.to_error()
 
