@@ -614,7 +614,8 @@ def _virtual_key_rules(policy: Policy) -> Violations:
             found.append((("keys", index, "tenant"), f"key {key.id!r} names unknown tenant "
                           f"{key.tenant!r} (tenants: {_listing(sorted(tenants))})"))
         if digests.setdefault(key.hmac_sha256, index) != index:
-            found.append((("keys", index, "hmac_sha256"), "this key digest is listed more than once"))
+            found.append((("keys", index, "hmac_sha256"),
+                          "this key digest is listed more than once"))
     return found
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -22,11 +23,12 @@ from policies.tenancy import identify
 
 SECRET = bytes(range(32))
 LEGACY = "sk-legacy-1"
+LEGACY_DIGEST = hashlib.sha256(LEGACY.encode()).hexdigest()
 BASE = f"""# the operator's own comment stays
 classes:
   - {{name: interactive, ttft_slo_ms: 1000, deadline_ms: 10000}}
 tenants:
-  - {{name: acme, class: interactive, api_key_sha256: ["{hashlib.sha256(LEGACY.encode()).hexdigest()}"]}}
+  - {{name: acme, class: interactive, api_key_sha256: ["{LEGACY_DIGEST}"]}}
 models:
   - {{name: big, price_per_million_tokens: {{input: 1000, output: 2000}}}}
   - {{name: small}}
@@ -193,6 +195,6 @@ def test_keys_survive_a_control_plane_restart_without_redis(tmp_path: Path) -> N
     assert key.hmac_sha256 in path.read_text()
     # The restarted control plane starts from the policy file alone, then restores.
     after = PolicyStore(parse_policy_document(BASE, "v1"), BASE)
-    anyio.run(restore_keys, _StoreRef(after), LatestValue(after.current, 1),  # type: ignore[arg-type]
-              path)
+    ref: Any = _StoreRef(after)  # stands in for the policy actor's ActorRef
+    anyio.run(restore_keys, ref, LatestValue(after.current, 1), path)
     assert [k.id for k in after.current.policy.keys] == [key.id]
