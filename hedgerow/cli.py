@@ -267,6 +267,9 @@ def _add_policy(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     from hedgerow.trust_cli import add_trust_parsers
 
     add_trust_parsers(commands)
+    from hedgerow.key_cli import add_key_parsers
+
+    add_key_parsers(commands)
 
 
 def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
