@@ -62,6 +62,8 @@ test: $(STAMP)
 	command -v chromium >/dev/null || $(APT_INSTALL) chromium
 	# The systemd recipes (deploy/systemd) are checked with systemd-analyze verify/security.
 	command -v systemd-analyze >/dev/null || $(APT_INSTALL) systemd
+	# The alert rules (deploy/prometheus) are checked with promtool check rules / test rules.
+	command -v promtool >/dev/null || $(APT_INSTALL) prometheus
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 

@@ -3,7 +3,10 @@
 The Debian ``nginx`` package's binary, started in the foreground with a
 generated config in its own directory: one worker process, TLS with the
 certificate it is given, HTTP/2, streaming unbuffered (``proxy_buffering off``)
-to an upstream it keeps keep-alive HTTP/1.1 connections to, no access log.
+to an upstream it keeps keep-alive HTTP/1.1 connections to, and an access
+log in nginx's stock format (``combined``, to a file), as a stock nginx.conf
+has it: Hedgerow writes its own access log by default, so both pay for a line
+per request.
 With ``upstream_tls`` it speaks TLS to the upstream and presents a client
 certificate (a Hedgerow worker takes mutual TLS only). nginx checks an upstream
 certificate's DNS/IP names, never a SPIFFE URI, so it does not verify a worker
@@ -67,7 +70,7 @@ pid {root / 'nginx.pid'};
 error_log {root / 'error.log'} warn;
 events {{ worker_connections 4096; }}
 http {{
-    access_log off;
+    access_log {root / 'access.log'};
 {temp_paths}
     upstream model_worker {{
         server {self.upstream};

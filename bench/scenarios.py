@@ -25,6 +25,9 @@
                 per-IP TCP connection flood: per attack, time until the abuser is cut
                 or contained, what it got through, and a good client's p50/p99
                 before and during it (``bench.attacks``).
+``memory``      resident memory of everything a gateway starts (its embedding
+                sidecar included) with the shipped policy, semantic cache off
+                and cache off (``bench.memory``).
 ``soak``        mixed traffic with worker kills and freezes for ``--duration``
                 seconds; RSS over time, errors by kind, tasks left (``bench.soak``).
 
@@ -324,6 +327,13 @@ def attacks(quick: bool, workdir: Path) -> dict[str, Any]:
     return run(quick, workdir)
 
 
+def memory(quick: bool, workdir: Path) -> dict[str, Any]:
+    """Resident memory of the gateway's process tree by cache setting (``bench.memory``)."""
+    from bench.memory import memory as run
+
+    return run(quick, workdir)
+
+
 def soak(quick: bool, workdir: Path, duration_s: float | None = None) -> dict[str, Any]:
     """Mixed traffic with worker faults, watching RSS and tasks (``bench.soak``); not in CI."""
     from bench.soak import soak as run
@@ -342,6 +352,7 @@ SCENARIOS: dict[str, Callable[[bool, Path], dict[str, Any]]] = {
     "cache": cache,
     "soak": soak,
     "attacks": attacks,
+    "memory": memory,
 }
 
 

@@ -50,11 +50,14 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
 The scheduler's own counters and gauges are read from its ``Stats`` snapshot
 at scrape time: ``hedgerow_shed_total{reason}``, ``hedgerow_hedges_total{outcome}``
 (started, budget_exhausted, won), ``hedgerow_retries_total``,
-``hedgerow_breaker_transitions_total{to}``, ``hedgerow_breaker_state{worker}``,
+``hedgerow_breaker_transitions_total{to}``, ``hedgerow_breaker_state{worker,state}`` (1 for
+the state each worker's breaker is in, 0 for the others),
 ``hedgerow_queue_depth{model}``, ``hedgerow_slots_in_use{worker}`` (slots this
 gateway holds), ``hedgerow_slots{worker}`` (slots each registered worker
 offers) and ``hedgerow_hedge_budget``. (The ``hedgerow_worker_*`` series are
 the workers' own, on their ``/metrics``.)
+
+Usage per tenant and the OpenTelemetry GenAI names: ``gateway.usage_metrics``.
 """
 
 from __future__ import annotations
@@ -76,9 +79,10 @@ from hedgerow.metrics import (
     HistogramSeries,
     render,
 )
+from gateway.usage_metrics import Finished, Price, Usage, UsageMetrics
 from hedgerow.wire import RegistrySnapshot
 
-BREAKER_STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
+BREAKER_STATES = ("closed", "half_open", "open")
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"
 NO_STATS: dict[str, Any] = {"counters": {}, "breakers": {}, "queued": {}, "inflight": {},
                             "hedge_budget": {"level": 0.0}}
@@ -118,6 +122,7 @@ class GatewayMetrics:
         self.joined = Counter("hedgerow_single_flight_joined", "Requests that joined an "
                               "identical request's generation instead of starting one.",
                               registry=r)
+        self.usage = UsageMetrics(r)
         self.scheduler = SchedulerCollector(r)
         self.cache_stats = StatsCollector(r, cache_families)
         self.connection_stats = StatsCollector(r, connection_families)
@@ -199,21 +204,59 @@ class GatewayMetrics:
 
 
 class RequestMetrics:
-    """One completion request's timings and outcome (monotonic seconds)."""
+    """One completion request's timings and outcome (monotonic seconds), and what
+    its access log line says (``gateway.access_log``)."""
 
     def __init__(self, metrics: GatewayMetrics, arrived: float) -> None:
         self._metrics = metrics
         self.arrived = arrived
         self.model = ""
         self.klass = ""
+        self.tenant = ""
+        self.operation = "chat"
         self.status: int | None = None
+        self.error_code = ""
+        self.usage: Usage | None = None
+        self.cache = ""  # exact, semantic, joined; empty: none
+        self.worker = ""
+        self.hedged = False
+        self.ttft_s: float | None = None
+        self.duration_s: float | None = None
+        self._prices: Callable[[str], Price | None] | None = None
         self._series: _ModelSeries | None = None
         self._last_token_at: float | None = None
+
+    def identified(self, tenant: str, klass: str,
+                   prices: Callable[[str], Price | None] | None = None) -> None:
+        """The tenant and class are known; ``prices`` gives a model's price (the
+        policy the request runs under)."""
+        self.tenant, self.klass, self._prices = tenant, klass, prices
 
     def labelled(self, model: str, klass: str) -> None:
         """The model (canonical, known) and class are settled: resolve the series once."""
         self.model, self.klass = model, klass
         self._series = self._metrics.model_series(model, klass)
+
+    def used(self, prompt_tokens: int, completion_tokens: int, *, cached: str = "",
+             error_code: str = "") -> None:
+        """The tokens of the answer: computed by a worker, or ``cached`` (exact,
+        semantic, joined) when no worker computed them for this request."""
+        self.usage = Usage(prompt_tokens, completion_tokens, cached=bool(cached))
+        self.cache = cached
+        if error_code and not self.error_code:
+            self.error_code = error_code
+
+    def served_by(self, worker: str | None, hedged: bool) -> None:
+        self.worker, self.hedged = worker or "", hedged
+
+    def failed(self, error: BaseException) -> None:
+        """The request ended with ``error``: its status and code (first call wins)."""
+        self.responded(status_of(error))
+        code = getattr(error, "code", None)
+        if isinstance(code, str) and not self.error_code:
+            self.error_code = code
+        elif not isinstance(error, Exception) and not self.error_code:
+            self.error_code = "client_closed"
 
     def dispatched(self, submitted: float, assigned: float | None,
                    upstream: float | None) -> None:
@@ -236,7 +279,8 @@ class RequestMetrics:
         if not token or series is None:
             return
         if self._last_token_at is None:
-            series.ttft.observe(written - self.arrived)
+            self.ttft_s = written - self.arrived
+            series.ttft.observe(self.ttft_s)
             self._metrics.overhead_first_token.observe(written - received)
         else:
             series.itl.observe(written - self._last_token_at)
@@ -245,9 +289,15 @@ class RequestMetrics:
 
     def finished(self, now: float) -> None:
         status = 500 if self.status is None else self.status
+        self.status = status
+        self.duration_s = now - self.arrived
         self._metrics.answered(self.model, self.klass, status)
         if status == 200 and self._series is not None:
-            self._series.duration.observe(now - self.arrived)
+            self._series.duration.observe(self.duration_s)
+        price = self._prices(self.model) if self._prices is not None and self.model else None
+        self._metrics.usage.finished(Finished(
+            self.tenant, self.model, self.operation, status, self.error_code, self.usage, price,
+            self.duration_s, self.ttft_s))
 
 
 RESOLVED_MAX = 1024
@@ -325,7 +375,8 @@ def _source_families(stats: Mapping[str, Any] | None) -> list[Metric]:
         return []
     return [
         _counter("hedgerow_connections_refused_per_client_total", "TCP connections closed "
-                 "at accept, before TLS, by a per-client limit: ip_open/prefix_open "
+                 "at accept, before TLS, and QUIC Initials dropped, by a per-client limit "
+                 "(TCP and QUIC count together): ip_open/prefix_open "
                  "(--max-connections-per-ip/-prefix), ip_rate/prefix_rate "
                  "(--new-connections-per-ip/-prefix).", "limit", stats["refused"]),
         _gauge("hedgerow_connection_sources", "Client IPs and prefixes tracked: open (with "
@@ -401,7 +452,7 @@ def quic_families(stats: Mapping[str, Any]) -> list[Metric]:
     if not stats:
         return []
     reasons = {reason: stats["refused"].get(reason, 0) for reason in
-               ("half_open", "per_source", "connection_cap", "invalid_token")}
+               ("half_open", "per_source", "per_client", "connection_cap", "invalid_token")}
     return [
         _gauge("hedgerow_quic_half_open", "QUIC connections whose handshake is not done.",
                None, {"": stats["half_open"]}),
@@ -416,9 +467,14 @@ def quic_families(stats: Mapping[str, Any]) -> list[Metric]:
         _counter("hedgerow_quic_handshake_timeouts_total", "QUIC connections closed with "
                  "their handshake not done in --quic-handshake-timeout-s.", None,
                  {"": stats["handshake_timeouts"]}),
-        _counter("hedgerow_h3_headers_refused_total", "HTTP/3 connections closed for a "
-                 "header section over --h3-max-field-section-bytes.", None,
+        _counter("hedgerow_h3_headers_refused_total", "HTTP/3 requests refused for a "
+                 "header section over --h3-max-field-section-bytes (answered 431 on their "
+                 "stream, or their connection closed).", None,
                  {"": stats["h3_headers_refused"]}),
+        _counter("hedgerow_h3_header_connections_cut_total", "HTTP/3 connections closed "
+                 "(H3_EXCESSIVE_LOAD) for oversized header sections: past "
+                 "--h3-max-refused-header-sections of them, or in trailers.", None,
+                 {"": stats.get("h3_connections_cut", 0)}),
     ]
 
 
@@ -505,7 +561,7 @@ def scheduler_families(stats: Mapping[str, Any], directory: RegistrySnapshot,
     hedges = {"started": counters.get("hedges_started", 0),
               "budget_exhausted": counters.get("hedge_budget_exhausted", 0),
               "won": hedges_won}
-    breakers = {w: BREAKER_STATE_VALUE[s] for w, s in stats["breakers"].items()}
+    breakers = stats["breakers"]
     slots = {w.registration.worker_id: w.registration.slots for w in directory.workers}
     return [
         _counter("hedgerow_shed_total", "Requests refused or shed, by reason.", "reason",
@@ -516,7 +572,7 @@ def scheduler_families(stats: Mapping[str, Any], directory: RegistrySnapshot,
                  "first token.", None, {"": counters.get("retries", 0)}),
         _counter("hedgerow_breaker_transitions_total", "Circuit breaker state changes, by new "
                  "state.", "to", _with_prefix(counters, "breaker_to_")),
-        _gauge("hedgerow_breaker_state", "0 closed, 1 half-open, 2 open.", "worker", breakers),
+        _breaker_states(breakers),
         _gauge("hedgerow_queue_depth", "Requests waiting for a worker slot.", "model",
                stats["queued"]),
         _gauge("hedgerow_slots_in_use", "Worker slots this gateway holds now (attempts in "
@@ -530,6 +586,19 @@ def scheduler_families(stats: Mapping[str, Any], directory: RegistrySnapshot,
         _gauge("hedgerow_asyncio_tasks", "Tasks alive on the gateway's event loop (a leak "
                "shows as growth at steady load).", None, {"": _asyncio_tasks()}),
     ]
+
+
+def _breaker_states(breakers: Mapping[str, str]) -> GaugeMetricFamily:
+    """One series per worker and state, 1 for the state it is in and 0 for the
+    others: ``max by (worker) (hedgerow_breaker_state{state="open"})`` alerts,
+    and a sum counts workers per state (an enum as one number cannot be summed)."""
+    family = GaugeMetricFamily("hedgerow_breaker_state", "Circuit breaker state per worker: "
+                               "1 for the state it is in (closed, half_open, open), 0 for the "
+                               "others.", labels=["worker", "state"])
+    for worker, current in sorted(breakers.items()):
+        for state in BREAKER_STATES:
+            family.add_metric([worker, state], 1 if state == current else 0)
+    return family
 
 
 def _asyncio_tasks() -> int:

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import logging
 import os
 import ssl
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
 
+from hedgerow.cli_env import EnvironmentValueError, apply_environment
 from hedgerow.logs import LOG_FORMATS, configure_logging
 from hedgerow.trust.process import add_trust_arguments
 
@@ -32,7 +34,12 @@ DEFAULT_CONTROL_PLANE = "https://127.0.0.1:8500"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()
+    except EnvironmentValueError as error:
+        print(f"hedgerow: {error}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         configure_logging(args.log_level, args.log_format)
     except ValueError as error:  # a bad HEDGEROW_LOG_FORMAT or level
@@ -45,11 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hedgerow", description=__doc__)
-    parser.add_argument("--log-level", default=os.environ.get("HEDGEROW_LOG_LEVEL", "info"))
-    parser.add_argument("--log-format", choices=LOG_FORMATS,
-                        default=os.environ.get("HEDGEROW_LOG_FORMAT", "text"),
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The whole command; options unset on the command line come from ``environ``
+    (default ``os.environ``) as ``hedgerow.cli_env`` says."""
+    parser = argparse.ArgumentParser(prog="hedgerow", description=__doc__,
+                                     epilog="Every option can also be set as an environment "
+                                            "variable, named in its help: see docs/operations.md.")
+    parser.add_argument("--version", action="version", version=f"hedgerow {_version()}")
+    parser.add_argument("--log-level", default="info",
+                        help="debug, info, warning or error (default info)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                         help="json: one JSON object a line, with request_id (default text)")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_up(commands)
@@ -59,7 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_policy(commands)
     _add_cache(commands)
+    apply_environment(parser, os.environ if environ is None else environ)
     return parser
+
+
+def _version() -> str:
+    """The installed package's version (pyproject.toml), not a second copy of it."""
+    try:
+        return importlib.metadata.version("hedgerow")
+    except importlib.metadata.PackageNotFoundError:  # run from a bare checkout
+        return "unknown (not installed)"
 
 
 def _add_bench(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -67,17 +88,21 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     kinds = bench.add_subparsers(dest="bench_command", required=True)
     scenario = kinds.add_parser("scenario", help="run a named scenario; last line is JSON")
     scenario.add_argument("name", help="overhead | internal-tls | overload | stragglers | throughput | "
-                          "worker | pops | cache | soak | attacks")
+                          "worker | pops | cache | soak | attacks | memory")
     scenario.add_argument("--quick", action="store_true", help="short run (under 3 minutes; pops: under 5)")
     scenario.add_argument("--workdir", type=Path, help="keep logs and policies here")
     scenario.add_argument("--duration", type=float, help="soak only: seconds of load (default 60)")
     scenario.set_defaults(run=_run_bench_scenario)
     run = kinds.add_parser("run", help="drive any OpenAI-compatible URL; last line is JSON")
     run.add_argument("url", help="base URL, e.g. https://127.0.0.1:8443")
-    run.add_argument("--model", default="smollm2-135m-instruct")
-    run.add_argument("--prompt", default="Say hello in five words.")
-    run.add_argument("--max-tokens", type=int, default=32)
-    run.add_argument("--http", choices=("1.1", "2", "3"), default="1.1")
+    run.add_argument("--model", default="smollm2-135m-instruct",
+                     help="model name sent in each request (default smollm2-135m-instruct)")
+    run.add_argument("--prompt", default="Say hello in five words.",
+                     help="the user message of every request")
+    run.add_argument("--max-tokens", type=int, default=32,
+                     help="max_tokens of every request (default 32)")
+    run.add_argument("--http", choices=("1.1", "2", "3"), default="1.1",
+                     help="HTTP version to drive the URL with (default 1.1)")
     run.add_argument("--cacert", type=Path, help="CA to trust (e.g. .hedgerow/tls/ca.pem)")
     run.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
     shape = run.add_mutually_exclusive_group(required=True)
@@ -112,15 +137,20 @@ def _run_bench_scenario(args: argparse.Namespace) -> None:
 
 def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up = commands.add_parser("up", help="control plane, gateway and a CPU worker, supervised")
-    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--host", default="127.0.0.1",
+                    help="address every process serves on (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=8443, help="gateway port (TCP and UDP)")
-    up.add_argument("--control-plane-port", type=int, default=8500)
+    up.add_argument("--control-plane-port", type=int, default=8500,
+                    help="the control plane's port (default 8500)")
     up.add_argument("--admin-port", type=int, default=None, metavar="N",
                     help="the control plane's admin API on https://127.0.0.1:N only "
                          "(default: on --control-plane-port)")
-    up.add_argument("--state-dir", type=Path, default=Path(".hedgerow"))
-    up.add_argument("--slots", type=int, default=1)
-    up.add_argument("--model-path", type=Path)
+    up.add_argument("--state-dir", type=Path, default=Path(".hedgerow"),
+                    help="certificates, identities and logs of the stack (default .hedgerow)")
+    up.add_argument("--slots", type=int, default=1,
+                    help="the CPU worker's concurrent generations (default 1)")
+    up.add_argument("--model-path", type=Path,
+                    help="GGUF file for the worker (default: bundled SmolLM2)")
     up.add_argument("--policy", type=Path, help="initial policy (default: the shipped one)")
     up.add_argument("--policy-dir", type=Path,
                     help="watched directory: a changed *.yaml there becomes the policy")
@@ -131,8 +161,10 @@ def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cp = commands.add_parser("control-plane", help="worker registry and watch stream")
-    cp.add_argument("--host", default="127.0.0.1")
-    cp.add_argument("--port", type=int, default=8500)
+    cp.add_argument("--host", default="127.0.0.1",
+                    help="address to serve the worker and gateway API on (default 127.0.0.1)")
+    cp.add_argument("--port", type=int, default=8500,
+                    help="port of the worker and gateway API (mutual TLS; default 8500)")
     cp.add_argument("--lease-s", type=float, default=3.0, help="drop workers silent this long")
     cp.add_argument("--policy", type=Path, help="initial policy YAML (default: the shipped one)")
     cp.add_argument("--policy-dir", type=Path,
@@ -235,6 +267,9 @@ def _add_policy(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     from hedgerow.trust_cli import add_trust_parsers
 
     add_trust_parsers(commands)
+    from hedgerow.key_cli import add_key_parsers
+
+    add_key_parsers(commands)
 
 
 def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -242,9 +277,12 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     gw.add_argument("--host", action="append",
                     help="address to serve on, TCP and UDP; repeat for several "
                          "(default: 127.0.0.1 and ::1, so https://localhost works in browsers)")
-    gw.add_argument("--port", type=int, default=8443)
-    gw.add_argument("--control-plane", default=DEFAULT_CONTROL_PLANE)
-    gw.add_argument("--state-dir", type=Path, default=Path(".hedgerow"))
+    gw.add_argument("--port", type=int, default=8443,
+                    help="client port, TCP (h1, h2) and UDP (h3) (default 8443)")
+    gw.add_argument("--control-plane", default=DEFAULT_CONTROL_PLANE,
+                    help=f"the control plane's URL (default {DEFAULT_CONTROL_PLANE})")
+    gw.add_argument("--state-dir", type=Path, default=Path(".hedgerow"),
+                    help="development certificate, identity and ticket keys (default .hedgerow)")
     gw.add_argument("--certfile", type=Path, help="production certificate (PEM)")
     gw.add_argument("--keyfile", type=Path, help="production private key (PEM)")
     gw.add_argument("--policy", type=Path,
@@ -289,15 +327,16 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
 
     limits = SourceLimitsConfig()
     gw.add_argument("--max-connections-per-ip", type=int, default=limits.max_open_per_ip,
-                    metavar="N", help="open TCP connections from one client IP at most; "
-                    f"beyond it new ones are closed before TLS (default {limits.max_open_per_ip}; "
+                    metavar="N", help="open connections (TCP and QUIC together) from one client "
+                    f"IP at most; beyond it new ones are closed before TLS (default {limits.max_open_per_ip}; "
                     "0: no limit)")
     gw.add_argument("--max-connections-per-prefix", type=int,
                     default=limits.max_open_per_prefix, metavar="N",
                     help="the same for one /24 (IPv4) or /64 (IPv6) "
                          f"(default {limits.max_open_per_prefix}; 0: no limit)")
     gw.add_argument("--new-connections-per-ip", type=float, default=limits.rate_per_ip,
-                    metavar="PER_S", help="new TCP connections per second from one client IP, "
+                    metavar="PER_S", help="new connections per second (TCP and QUIC together) "
+                    "from one client IP, "
                     f"with a burst of {BURST_S:g} s worth; beyond it they are closed before TLS "
                     f"(default {limits.rate_per_ip:g}; 0: no limit)")
     gw.add_argument("--new-connections-per-prefix", type=float,
@@ -321,6 +360,10 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     metavar="N", help="request body bytes being received at once, all "
                     "requests together; a body that does not fit gets a 503 at once "
                     "(default 67108864: 64 MiB)")
+    gw.add_argument("--access-log", default="stderr", metavar="stderr|off|PATH",
+                    help="one JSON line per completion request (no prompt, no key): to "
+                         "stderr, off, or appended to PATH (default stderr; fields: "
+                         "docs/operations.md, 'Access log')")
     add_trust_arguments(gw)
     gw.set_defaults(run=_run_gateway)
 
@@ -350,7 +393,9 @@ def _add_quic_limits(gw: argparse.ArgumentParser) -> None:
         ("--quic-max-stream-data-bytes", "max_stream_data_bytes", int,
          "QUIC flow-control window of a stream"),
         ("--h3-max-field-section-bytes", "h3_max_field_section_bytes", int,
-         "an HTTP/3 header section larger than this closes the connection (H3_EXCESSIVE_LOAD)"),
+         "an HTTP/3 request whose header section is larger than this is answered 431"),
+        ("--h3-max-refused-header-sections", "h3_max_refused_header_sections", int,
+         "past this many such requests on one connection it is closed (H3_EXCESSIVE_LOAD)"),
         ("--h3-qpack-table-bytes", "h3_qpack_table_bytes", int,
          "QPACK dynamic table offered to clients (0: none, so no header inflation)"),
         ("--h3-qpack-blocked-streams", "h3_qpack_blocked_streams", int,
@@ -430,10 +475,12 @@ def _gateway_admin_tls(args: argparse.Namespace) -> ssl.SSLContext | bool:
 
 def _add_worker(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     wk = commands.add_parser("worker", help="a llama.cpp model worker")
-    wk.add_argument("--host", default="127.0.0.1")
+    wk.add_argument("--host", default="127.0.0.1",
+                    help="address to serve gateways on (default 127.0.0.1)")
     wk.add_argument("--port", type=int, default=0, help="0 picks a free port")
     wk.add_argument("--advertise-host", help="host the gateway should dial (default --host)")
-    wk.add_argument("--control-plane", default=DEFAULT_CONTROL_PLANE)
+    wk.add_argument("--control-plane", default=DEFAULT_CONTROL_PLANE,
+                    help=f"the control plane's URL (default {DEFAULT_CONTROL_PLANE})")
     wk.add_argument("--worker-id", help="its identity's name too (default: KIND-HOST-RANDOM)")
     wk.add_argument("--state-dir", type=Path, default=Path(".hedgerow"),
                     help="its identity lives in STATE-DIR/identity-worker-ID by default")
@@ -441,12 +488,14 @@ def _add_worker(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     wk.add_argument("--model-name", help="name clients use (default: from the file name)")
     wk.add_argument("--slots", type=int, default=None,
                     help="model instances = concurrent requests (default: 4 on a GPU, 1 on the CPU)")
-    wk.add_argument("--n-ctx", type=int, default=2048)
+    wk.add_argument("--n-ctx", type=int, default=2048,
+                    help="context window in tokens, prompt and answer (default 2048)")
     wk.add_argument("--n-gpu-layers", type=int, default=None,
                     help="layers to offload (default: all on a usable GPU, else 0)")
     wk.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                     help="e.g. --label pop=ams --label region=eu")
-    wk.add_argument("--drain-timeout-s", type=float, default=30.0)
+    wk.add_argument("--drain-timeout-s", type=float, default=30.0,
+                    help="on SIGTERM, how long running generations may finish (default 30)")
     wk.add_argument("--quant", help="serve the bundled model in this GGUF quantization, made "
                     "locally once from the bundled Q4_1 (e.g. q8_0, q4_0; default: q4_1)")
     wk.add_argument("--tier", help="advertise this quantization tier (label tier=NAME); the "
@@ -606,6 +655,13 @@ def _run_gateway(args: argparse.Namespace) -> int:
         print(f"hedgerow: --h2-limit: {error}", file=sys.stderr)
         return 1
 
+    from gateway.access_log import configure_access_log
+
+    try:
+        configure_access_log(args.access_log)
+    except OSError as error:
+        print(f"hedgerow: --access-log: {error}", file=sys.stderr)
+        return 1
     gateway_id = args.gateway_id or default_gateway_id(args.port)
     tls = _internal_tls(args, "gateway", gateway_id, args.control_plane, args.state_dir)
     if tls is None:

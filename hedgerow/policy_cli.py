@@ -38,15 +38,16 @@ def add_policy_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = policy.add_subparsers(dest="policy_command", required=True)
     validate = actions.add_parser("validate", help="check a policy file offline")
-    validate.add_argument("file", type=Path)
+    validate.add_argument("file", type=Path, help="a policy YAML file")
     validate.set_defaults(run=run_validate)
     apply = actions.add_parser("apply", help="validate and activate a policy file")
-    apply.add_argument("file", type=Path)
+    apply.add_argument("file", type=Path, help="a policy YAML file")
     show = actions.add_parser("show", help="print the active policy, or VERSION")
-    show.add_argument("version", nargs="?", type=int)
+    show.add_argument("version", nargs="?", type=int,
+                      help="a retained version (default: the active one)")
     history = actions.add_parser("history", help="list the retained versions")
     rollback = actions.add_parser("rollback", help="activate an earlier version's content")
-    rollback.add_argument("version", type=int)
+    rollback.add_argument("version", type=int, help="the version to activate again")
     for action, run in ((apply, run_apply), (show, run_show), (history, run_history),
                         (rollback, run_rollback)):
         _add_admin_options(action)

@@ -228,11 +228,26 @@ def _load_pem(tls: RedisTls) -> None:
             f"{error}") from error
 
 
+def fail_fast_retry() -> Retry:
+    """One immediate retry, then the error.
+
+    A client built from a URL retries nothing: after Redis restarts, the first
+    command on each pooled connection fails (the connection died with the old
+    server) although Redis is back, and shows up as an outage: a 503 to a
+    worker's heartbeat, a "redis unreachable" line. One retry on a fresh
+    connection tells the truth. No more and no backoff: every caller has its own
+    cadence (a tick, the next request) and a fallback (the last known state,
+    local limits), and a command held for seconds would be an outage of its own."""
+    return Retry(NoBackoff(), 1)
+
+
 def open_redis(url: str, tls: RedisTls = RedisTls(), *, socket_timeout: float,
                connect_timeout: float, **options: Any) -> Redis:
     """A pooled asyncio client (it connects lazily and reconnects by itself) with the
-    caller's timeouts. Raises ``RedisSetupError`` for a bad URL or PEM file."""
+    caller's timeouts and ``fail_fast_retry`` unless ``retry`` is given. Raises
+    ``RedisSetupError`` for a bad URL or PEM file."""
     tls_options = connection_options(url, tls)
+    options.setdefault("retry", fail_fast_retry())
     return Redis.from_url(url, socket_timeout=socket_timeout,
                           socket_connect_timeout=connect_timeout, **tls_options,
                           **_without_client_setinfo(), **options)

@@ -37,19 +37,21 @@ def add_trust_parsers(commands: argparse._SubParsersAction) -> None:  # type: ig
     token = commands.add_parser("token", help="join tokens: create, list, revoke")
     actions = token.add_subparsers(dest="token_command", required=True)
     create = actions.add_parser("create", help="a token a new worker or gateway joins with")
-    create.add_argument("--role", choices=("worker", "gateway"), required=True)
+    create.add_argument("--role", choices=("worker", "gateway"), required=True,
+                        help="the role it may join as")
     create.add_argument("--ttl", type=parse_duration, default=24 * 3600.0,
                         help="how long it can be used to join (default 24h)")
     create.add_argument("--name", help="the only name it may join as (default: any)")
-    create.add_argument("--description", default="")
+    create.add_argument("--description", default="",
+                        help="a note shown by `hedgerow token list`")
     listing = actions.add_parser("list", help="every token (no secrets), holders, revocations")
     revoke = actions.add_parser("revoke", help="revoke a token and every identity it bought")
-    revoke.add_argument("token_id")
+    revoke.add_argument("token_id", help="its id, from `hedgerow token list`")
     identity = commands.add_parser("identity", help="revoke a worker's or gateway's identity")
     id_actions = identity.add_subparsers(dest="identity_command", required=True)
     id_revoke = id_actions.add_parser("revoke", help="e.g. worker/cpu-1: its certificates stop "
                                       "working at once; a worker leaves the registry")
-    id_revoke.add_argument("identity")
+    id_revoke.add_argument("identity", help="ROLE/NAME, e.g. worker/cpu-1")
     for parser, run in ((create, run_create), (listing, run_list), (revoke, run_revoke),
                         (id_revoke, run_identity_revoke)):
         _add_admin_options(parser)

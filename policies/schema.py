@@ -122,12 +122,54 @@ class TenantLimits(_Strict):
     max_concurrency: int = Field(64, ge=1)
 
 
+class Budget(_Strict):
+    """What a tenant or a key may spend per calendar period (UTC): tokens, or cost
+    in the currency of the models' ``price_per_million_tokens``. Enforced by
+    ``policies.budget`` (reserve at admission, settle with the usage)."""
+
+    period: Literal["day", "month"]
+    tokens: int | None = Field(None, ge=1)
+    cost: float | None = Field(None, gt=0, le=1e12)
+
+    @model_validator(mode="after")
+    def _one_measure(self) -> Budget:
+        if (self.tokens is None) == (self.cost is None):
+            raise ValueError("a budget sets exactly one of tokens or cost")
+        return self
+
+
+class KeyLimits(_Strict):
+    """A virtual key's own rates, on top of its tenant's (None: only the tenant's)."""
+
+    requests_per_s: float | None = Field(None, gt=0)
+    tokens_per_min: float | None = Field(None, gt=0)
+
+
+_KEY_ID = r"key_[0-9a-z]{8,32}"
+
+
+class VirtualKey(_Strict):
+    """An API key made by ``hedgerow key create``: the key itself is never stored,
+    only its HMAC-SHA256 under the cluster's key secret (``policies.keys``)."""
+
+    id: Annotated[str, Field(pattern=_KEY_ID)]
+    tenant: Name
+    name: Annotated[str, Field(max_length=128)] = ""
+    hmac_sha256: Annotated[str, Field(pattern=r"[0-9a-f]{64}")]
+    created_at: float = Field(ge=0)
+    expires_at: float | None = Field(None, ge=0)  # seconds since the epoch; None: never
+    models: tuple[Name, ...] = ()  # canonical model names it may use; empty: every model
+    limits: KeyLimits = KeyLimits()
+    budgets: tuple[Budget, ...] = ()
+
+
 class Tenant(_Strict):
     name: Name
     # The policy never holds raw keys: sha256 hex digests of "Bearer" tokens.
     api_key_sha256: tuple[ApiKeyDigest, ...] = ()
     class_: str = Field("interactive", alias="class")
     limits: TenantLimits = TenantLimits()
+    budgets: tuple[Budget, ...] = ()
 
 
 class Scheduling(_Strict):
@@ -267,11 +309,23 @@ class Cors(_Strict):
         return self
 
 
+class ModelPrice(_Strict):
+    """What a million tokens of a model cost, in one currency the operator picks
+    (the same for every model): the gateways' ``hedgerow_tenant_cost_total``."""
+
+    input: float = Field(ge=0, le=1_000_000)  # prompt tokens a worker computed
+    output: float = Field(ge=0, le=1_000_000)  # completion tokens
+    # Tokens of answers served without a worker (cache hits, single-flight joins).
+    cached: float = Field(0.0, ge=0, le=1_000_000)
+
+
 class ModelEntry(_Strict):
     name: Name
     aliases: tuple[Name, ...] = ()
     # Part of every cache key: changing it invalidates the model's cached answers.
     version: Annotated[str, Field(min_length=1, max_length=64)] = "1"
+    # None: the model's tokens are counted but not priced.
+    price_per_million_tokens: ModelPrice | None = None
 
 
 class ExactCache(_Strict):
@@ -466,6 +520,8 @@ class Policy(_Strict):
     upstreams: tuple[Upstream, ...] = ()
     topology: Topology = Field(default_factory=lambda: Topology())
     cache: Cache = Cache()
+    # Virtual keys (``hedgerow key create``), kept in a block at the end of the text.
+    keys: tuple[VirtualKey, ...] = ()
 
     @model_validator(mode="after")
     def _names_unique_and_references_resolve(self) -> Policy:
@@ -477,6 +533,7 @@ class Policy(_Strict):
             *_dangling_references(self),
             *_shared_api_keys(self.tenants),
             *_shadowing_aliases(self.models),
+            *_virtual_key_rules(self),
         ])
         return self
 
@@ -495,6 +552,10 @@ class Policy(_Strict):
 
     def declares_model(self, name: str) -> bool:
         return any(entry.name == name for entry in self.models)
+
+    def model_price(self, name: str) -> ModelPrice | None:
+        """The price of model ``name`` (canonical), None when the policy sets none."""
+        return next((m.price_per_million_tokens for m in self.models if m.name == name), None)
 
     def model_version(self, name: str) -> str:
         """The policy's version of model ``name`` (canonical), "1" if undeclared."""
@@ -538,6 +599,24 @@ def _shared_api_keys(tenants: Sequence[Tenant]) -> Violations:
         for ki, digest in enumerate(tenant.api_key_sha256)
         if counts[digest] > 1
     ]
+
+
+def _virtual_key_rules(policy: Policy) -> Violations:
+    """Each key names a tenant; ids and digests are unique."""
+    tenants = {t.name for t in policy.tenants}
+    found: Violations = []
+    ids: dict[str, int] = {}
+    digests: dict[str, int] = {}
+    for index, key in enumerate(policy.keys):
+        if ids.setdefault(key.id, index) != index:
+            found.append((("keys", index, "id"), f"duplicate key id {key.id!r}"))
+        if key.tenant not in tenants:
+            found.append((("keys", index, "tenant"), f"key {key.id!r} names unknown tenant "
+                          f"{key.tenant!r} (tenants: {_listing(sorted(tenants))})"))
+        if digests.setdefault(key.hmac_sha256, index) != index:
+            found.append((("keys", index, "hmac_sha256"),
+                          "this key digest is listed more than once"))
+    return found
 
 
 def _shadowing_aliases(models: Sequence[ModelEntry]) -> Violations:

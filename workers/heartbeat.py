@@ -3,7 +3,8 @@
 An actor with a one-second tick. While unregistered (first start, or the
 control plane forgot us after a restart) each tick tries to register; once
 registered each tick sends the current load. A control plane that is down is
-logged, not fatal: the worker keeps serving and keeps trying.
+logged, not fatal: the worker keeps serving and keeps trying; so is one that
+answers with an error status (a 503 while its Redis restarts).
 """
 
 from __future__ import annotations
@@ -80,9 +81,19 @@ class HeartbeatActor(Actor):
                 await self._register()
             self._reported_down = False
         except httpx.TransportError as error:
-            if not self._reported_down:
-                log.warning("control plane %s unreachable (%s); retrying", self.base, error)
-                self._reported_down = True
+            self._report_down(f"unreachable ({error})")
+        except httpx.HTTPStatusError as error:
+            # A 503 while the control plane's Redis restarts, a 5xx from a proxy in
+            # between, a 401 while a renewal is under way: none of them may crash
+            # this actor, or enough of them in a minute would leave it dead and
+            # the worker out of the fleet for good. Keep trying each tick.
+            self._report_down(f"answered {error.response.status_code}")
+
+    def _report_down(self, what: str) -> None:
+        """One log line per outage, however many ticks it lasts."""
+        if not self._reported_down:
+            log.warning("control plane %s %s; retrying", self.base, what)
+            self._reported_down = True
 
     async def _register(self) -> None:
         body = self.registration.model_dump(mode="json")

@@ -11,8 +11,10 @@
   ``error``.
 - From ``Backend.load()`` at scrape time: ``hedgerow_worker_slots``,
   ``hedgerow_worker_active``, ``hedgerow_worker_queued``,
-  ``hedgerow_worker_tokens_per_second`` (decode rate over the last seconds),
-  ``hedgerow_worker_tokens_total`` and ``hedgerow_worker_draining``.
+  ``hedgerow_worker_tokens_total`` (its rate is the decode rate:
+  ``rate(hedgerow_worker_tokens_total[1m])``; the heartbeat carries the worker's
+  own recent rate to the routing, a rate kept as a gauge is not exported) and
+  ``hedgerow_worker_draining``.
 - Prompt reuse, from ``Backend.load()``:
   ``hedgerow_worker_prompt_cache_lookups_total{result="hit"|"miss"}``
   (a hit: the prompt started with tokens its slot still held),
@@ -118,8 +120,6 @@ def load_families(load: BackendLoad, draining: bool) -> list[Metric]:
         gauge("hedgerow_worker_slots", "Generations this worker runs at once.", load.slots),
         gauge("hedgerow_worker_active", "Generations holding a slot.", load.active),
         gauge("hedgerow_worker_queued", "Generations waiting for a slot.", load.queued),
-        gauge("hedgerow_worker_tokens_per_second", "Decode rate over the last few seconds, "
-              "all slots together.", load.tokens_per_s),
         CounterMetricFamily("hedgerow_worker_tokens_total", "Tokens generated since start.",
                             value=load.tokens_generated_total),
         gauge("hedgerow_worker_draining", "1 while the worker drains for shutdown.",

@@ -67,7 +67,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -157,11 +157,18 @@ class ResponseCache:
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self.counts: dict[str, int] = {"exact": 0, "semantic": 0, "miss": 0, "bypass": 0,
                                        "uncacheable": 0, "stored": 0}
+        self._policy_applied = anyio.Event()
+        self._embedder_scope: anyio.CancelScope | None = None
 
     # -- configuration and lifecycle -------------------------------------
 
     def apply_policy(self, policy: Policy) -> None:
         self.policy = policy
+        if self._embedder_scope is not None and not self.wants_embedder():
+            log.info("semantic cache off: stopping the embedder")
+            self._embedder_scope.cancel()
+        applied, self._policy_applied = self._policy_applied, anyio.Event()
+        applied.set()
         settings = policy.cache
         self.exact.local.lru.resize(settings.exact.ttl_s, settings.exact.max_entries,
                                     settings.exact.max_bytes)
@@ -180,10 +187,28 @@ class ResponseCache:
         """The embedder and the semantic follower; started once the index is rebuilt."""
         async with anyio.create_task_group() as tg:
             run_embedder = getattr(self.embedder, "run", None)
-            if run_embedder is not None and self.policy.cache.semantic.enabled:
-                tg.start_soon(run_embedder)
+            if run_embedder is not None:
+                tg.start_soon(self._embedder_while_wanted, run_embedder)
             await tg.start(self.semantic.run)
             task_status.started()
+
+    def wants_embedder(self) -> bool:
+        """Only a policy whose cache and semantic cache are both on uses the model:
+        otherwise its process (about 400 MB resident) is not started at all."""
+        cache = self.policy.cache
+        return cache.enabled and cache.semantic.enabled
+
+    async def _embedder_while_wanted(self, run_embedder: Callable[[], Awaitable[None]]) -> None:
+        """Run the embedder while the policy wants it: started when a policy turns the
+        semantic cache on, stopped (its process killed) when one turns it off."""
+        while True:
+            while not self.wants_embedder():
+                await self._policy_applied.wait()
+            with anyio.CancelScope() as scope:
+                self._embedder_scope = scope
+                await run_embedder()
+                return  # an embedder that gave up stays down, as before
+            self._embedder_scope = None
 
     def start(self, supervisor: Supervisor) -> None:
         """Run the cache's background work under ``supervisor`` (restarted on crash)."""

@@ -120,6 +120,13 @@ def worker_ids(cluster: Cluster, url: str) -> list[str]:
             for w in admin_get(cluster, url, "/v1/workers").json()["workers"]]
 
 
+def log_tails(cluster: Cluster, lines: int = 25) -> str:
+    """What each process said last: the diagnosis when a wait times out."""
+    return "\n".join(
+        f"--- {proc.log_path.name}\n" + "\n".join(proc.log().splitlines()[-lines:])
+        for proc in cluster.stack.procs)
+
+
 def test_both_replicas_see_the_worker_and_both_gateways_serve_it(cluster: Cluster) -> None:
     assert worker_ids(cluster, cluster.url_a) == worker_ids(cluster, cluster.url_b) == ["sim-1"]
     for stack in (cluster.stack, cluster.other):
@@ -160,7 +167,10 @@ def test_a_redis_restart_loses_no_worker_and_no_policy(cluster: Cluster) -> None
         return any("re-seeded" in p.log() or "registering again" in p.log()
                    for p in cluster.stack.procs)
 
-    wait_for(restored, "a replica (or the worker) to restore the registry", 15)
+    try:
+        wait_for(restored, "a replica (or the worker) to restore the registry", 30)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{log_tails(cluster)}") from None
     assert worker_ids(cluster, cluster.url_b) == ["sim-1"]
     time.sleep(3)  # longer than the lease (2 s): only heartbeats can have kept it
     assert worker_ids(cluster, cluster.url_b) == ["sim-1"]

@@ -91,7 +91,7 @@ def test_failures_before_first_token_are_retried_invisibly_and_open_the_breaker(
             assert response.text.rstrip().endswith("data: [DONE]")
         assert metric(stack, "hedgerow_retries_total") >= 2
         assert metric(stack, 'hedgerow_breaker_transitions_total{to="open"}') >= 1
-        assert metric(stack, 'hedgerow_breaker_state{worker="a-flaky"}') == 2
+        assert metric(stack, 'hedgerow_breaker_state{state="open",worker="a-flaky"}') == 1
         # While open, the flaky worker gets no traffic at all.
         tried = generations(stack, "a-flaky")
         for _ in range(4):
@@ -108,7 +108,7 @@ def test_failures_before_first_token_are_retried_invisibly_and_open_the_breaker(
 
         def closed_again() -> bool:
             chat(http)
-            return metric(stack, 'hedgerow_breaker_state{worker="a-flaky"}') == 0
+            return metric(stack, 'hedgerow_breaker_state{state="closed",worker="a-flaky"}') == 1
 
         wait_for(closed_again, "the breaker to close after a successful probe", timeout=10)
         assert metric(stack, 'hedgerow_breaker_transitions_total{to="closed"}') >= 1

@@ -187,7 +187,9 @@ def test_scheduler_snapshot_series_and_no_duplicate_families() -> None:
     assert value(s, "hedgerow_hedges_total", outcome="won") == 1
     assert value(s, "hedgerow_retries_total") == 4
     assert value(s, "hedgerow_breaker_transitions_total", to="open") == 1
-    assert value(s, "hedgerow_breaker_state", worker="w1") == 2
+    assert value(s, "hedgerow_breaker_state", worker="w1", state="open") == 1
+    assert value(s, "hedgerow_breaker_state", worker="w1", state="closed") == 0
+    assert value(s, "hedgerow_breaker_state", worker="w1", state="half_open") == 0
     assert value(s, "hedgerow_queue_depth", model="m") == 5
     assert value(s, "hedgerow_slots_in_use", worker="w2") == 1
     assert value(s, "hedgerow_slots", worker="w2") == 4
@@ -236,7 +238,8 @@ def test_worker_generation_timings_and_outcomes() -> None:
     assert value(s, "hedgerow_worker_slots") == 2
     assert value(s, "hedgerow_worker_active") == 1
     assert value(s, "hedgerow_worker_queued") == 3
-    assert value(s, "hedgerow_worker_tokens_per_second") == 42.5
+    # A rate is the scraper's to compute (rate(hedgerow_worker_tokens_total[1m])), not a gauge.
+    assert not any(name == "hedgerow_worker_tokens_per_second" for name, _ in s)
     assert value(s, "hedgerow_worker_tokens_total") == 17
     assert value(s, "hedgerow_worker_draining") == 1
 

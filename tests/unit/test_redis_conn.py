@@ -3,12 +3,17 @@ cannot work refused at start, plaintext to another host called out."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import ssl
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import trustme
+from redis.exceptions import RedisError
 
 from hedgerow.cli import build_parser
 from hedgerow.redis_conn import (
@@ -152,3 +157,38 @@ def test_the_plaintext_warning_is_loud_and_redacted(caplog: pytest.LogCaptureFix
     assert "PLAINTEXT to a non-loopback host" in caplog.text
     assert "shared state: redis://hedgerow:***@10.0.0.5:6379/0" in caplog.text
     assert "s3cret" not in caplog.text
+
+
+def test_a_dead_connection_is_retried_once_at_once_and_no_more() -> None:
+    """A server that hangs up on every connection (Redis going down or just
+    restarted): one immediate retry on a fresh connection, then the error, fast;
+    no backoff that would hold a control-plane tick or a heartbeat."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[int] = []
+
+    def hang_up() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    port = listener.getsockname()[1]
+    redis = open_redis(f"redis://127.0.0.1:{port}/0", socket_timeout=1.0, connect_timeout=1.0)
+
+    async def ping() -> float:
+        started = time.monotonic()
+        with pytest.raises(RedisError):
+            await redis.ping()
+        await redis.aclose()
+        return time.monotonic() - started
+
+    try:
+        elapsed = asyncio.run(ping())
+    finally:
+        listener.close()
+    assert len(accepted) == 2  # the first try and one retry, nothing more
+    assert elapsed < 5.0

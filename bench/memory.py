@@ -1,0 +1,131 @@
+"""Memory: everything a gateway keeps resident, by cache setting.
+
+``hedgerow bench scenario memory [--quick]``. A gateway is more than its own
+process: with the shipped policy (response cache on, semantic part on) it
+starts an embedding sidecar (``gateway.cache.embed_sidecar``) that holds
+MiniLM. A figure for the gateway process alone is the figure of a gateway
+nobody runs, so each case reports the whole tree beside it. Three cases, one
+after the other, each on a fresh control plane, simulated worker and gateway:
+
+- ``default``: ``policies/default.yaml`` as shipped (the sidecar runs; the
+  gateway is measured after its model is loaded, ``semantic_ready``);
+- ``semantic_off``: the same with ``cache.semantic.enabled: false``;
+- ``cache_off``: the same with ``cache.enabled: false``.
+
+In each, after a warm-up the client sends ``requests`` distinct cacheable
+questions (temperature 0, so each answer is stored: exact entries, and vectors
+for the default case) on one HTTPS connection, then the tree is read:
+
+- ``gateway_rss_mb``: the gateway process alone (``VmRSS``);
+- ``tree_rss_mb``: the gateway and every descendant, summed (counts shared
+  pages once per process, so an upper bound);
+- ``tree_pss_mb``: the same tree in proportional set size (shared pages split
+  between the processes that map them): what the tree adds to the host;
+- ``processes``: how many processes the tree holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+
+from bench.procstat import PROC, process_tree, rss_mb
+from bench.stack import Stack, free_port, wait_for
+
+log = logging.getLogger("hedgerow.bench")
+
+MODEL = "smollm2-135m-instruct"
+DEFAULT_POLICY = Path(__file__).resolve().parents[1] / "policies" / "default.yaml"
+SEMANTIC_READY_TIMEOUT_S = 180.0
+SIM = ["--backend", "sim", "--sim-prefill-ms-per-token", "0.1",
+       "--sim-decode-ms-per-token", "1", "--sim-output-tokens", "16"]
+CASES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "semantic_off": {"semantic": {"enabled": False}},
+    "cache_off": {"enabled": False},
+}
+
+
+def pss_mb(pid: int) -> float:
+    """Proportional set size of ``pid`` (``/proc/PID/smaps_rollup``), in MiB."""
+    for line in (PROC / str(pid) / "smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    raise ValueError(f"process {pid} has no Pss")
+
+
+def tree_memory(pid: int) -> dict[str, Any]:
+    members = process_tree(pid)
+    return {"gateway_rss_mb": round(rss_mb(pid), 1),
+            "tree_rss_mb": round(sum(rss_mb(member) for member in members), 1),
+            "tree_pss_mb": round(sum(pss_mb(member) for member in members), 1),
+            "processes": len(members)}
+
+
+def policy_text(cache_overrides: dict[str, Any]) -> str:
+    document = yaml.safe_load(DEFAULT_POLICY.read_text())
+    cache = document.setdefault("cache", {})
+    for key, value in cache_overrides.items():
+        if isinstance(value, dict):
+            cache.setdefault(key, {}).update(value)
+        else:
+            cache[key] = value
+    return yaml.safe_dump(document)
+
+
+def _ask(http: httpx.Client, question: str) -> None:
+    body = {"model": MODEL, "max_tokens": 16, "temperature": 0,
+            "messages": [{"role": "user", "content": question}]}
+    reply = http.post("/v1/chat/completions", content=orjson.dumps(body),
+                      headers={"content-type": "application/json"})
+    if reply.status_code != 200:
+        raise RuntimeError(f"{reply.status_code}: {reply.text[:200]}")
+
+
+def measure_case(name: str, workdir: Path, requests: int) -> dict[str, Any]:
+    root = workdir / name
+    root.mkdir(parents=True, exist_ok=True)
+    policy = root / "policy.yaml"
+    policy.write_text(policy_text(CASES[name]))
+    stack = Stack(root)
+    try:
+        stack.start_control_plane()
+        stack.start_worker("sim-1", *SIM)
+        admin_port = free_port()
+        gateway = stack.start_gateway("--policy", str(policy), "--admin-port", str(admin_port))
+        admin = httpx.Client(base_url=f"https://127.0.0.1:{admin_port}", timeout=5,
+                             verify=stack.admin_tls(check_hostname=False))
+        started = time.monotonic()
+        if name == "default":
+            wait_for(lambda: admin.get("/admin/cache").json()["semantic_ready"],
+                     "the gateway's embedding model", SEMANTIC_READY_TIMEOUT_S)
+        ready_s = time.monotonic() - started
+        with httpx.Client(base_url=stack.gateway_url, timeout=60,
+                          verify=ssl.create_default_context(cafile=str(stack.ca_cert))) as http:
+            for i in range(requests):
+                _ask(http, f"What is the capital of country number {i}, in one word?")
+        stats = admin.get("/admin/cache").json()
+        admin.close()
+        time.sleep(1.0)  # let the last stores settle before reading the tree
+        return {**tree_memory(gateway.popen.pid), "requests": requests,
+                "semantic_ready_wait_s": round(ready_s, 1),
+                "cache_stored": stats.get("stored"), "semantic_entries": stats.get("semantic_entries")}
+    finally:
+        stack.stop_all()
+
+
+def memory(quick: bool, workdir: Path) -> dict[str, Any]:
+    requests = 50 if quick else 500
+    result: dict[str, Any] = {"baseline": "the same gateway with the semantic cache off, and "
+                                          "with the response cache off; the shipped default first"}
+    for name in CASES:
+        log.info("memory: case %s", name)
+        result[name] = measure_case(name, workdir, requests)
+    return result
