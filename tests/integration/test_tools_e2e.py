@@ -1,7 +1,8 @@
 """The official OpenAI SDK against a live gateway and the real bundled model
 (SmolLM2-135M-Instruct on llama.cpp): tool calls, structured output and
 logprobs arrive in OpenAI's shape, streamed and whole, and a cached tool-call
-answer comes back intact."""
+answer comes back intact; the same through an external upstream (another real
+worker) and, for a forced call, through Anthropic's Messages API."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import jsonschema
 import openai
 import pytest
@@ -258,3 +260,18 @@ def test_an_external_upstream_relays_a_tool_call_field_for_field(
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert choice.message.tool_calls and choice.message.tool_calls[0].function.name == "get_weather"
     _valid_call(choice.message.tool_calls[0])
+
+
+def test_anthropic_clients_get_a_forced_call_as_a_tool_use_block(stack: Stack) -> None:
+    verify = ssl.create_default_context(cafile=stack.ca_cert)
+    with anthropic.Anthropic(base_url=stack.gateway_url, api_key=KEY, max_retries=0, timeout=120,
+                             http_client=anthropic.DefaultHttpxClient(verify=verify)) as claude:
+        message = claude.messages.create(
+            model=MODEL, max_tokens=48, messages=[{"role": "user", "content": ASK[0]["content"]}],
+            tools=[{"name": "get_weather", "description": "Weather in a city",
+                    "input_schema": WEATHER_SCHEMA}],
+            tool_choice={"type": "tool", "name": "get_weather"})
+    assert message.stop_reason == "tool_use"
+    uses = [block for block in message.content if block.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id.startswith("toolu_")
+    jsonschema.validate(uses[0].input, WEATHER_SCHEMA)
