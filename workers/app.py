@@ -297,7 +297,8 @@ class _ResponseStream:
         if isinstance(event, TokenChunk):
             return opened + [self._delta(event.text, event.choice, logprobs=event.logprobs)]
         if isinstance(event, ToolCallDelta):
-            call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
+            call: dict[str, Any] = {"index": event.index,
+                                    "function": {"arguments": event.arguments}}
             if event.id is not None:
                 call.update(id=event.id, type="function")
                 call["function"]["name"] = event.name

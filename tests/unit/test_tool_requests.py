@@ -73,7 +73,8 @@ def test_a_tool_conversation_reaches_the_model_whole() -> None:
         {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}])
     shaped = [m.for_model() for m in parsed.messages]
     assert shaped[1]["tool_calls"] == [CALL] and shaped[2]["tool_call_id"] == "call_1"
-    tools = (ToolSpec("get_weather", "Weather in a city", json.dumps(WEATHER["function"]["parameters"])),)
+    schema = json.dumps(WEATHER["function"]["parameters"])
+    tools = (ToolSpec("get_weather", "Weather in a city", schema),)
     rendered = render_messages(tuple(shaped), tools, "auto")
     assert rendered[0]["role"] == "system" and "get_weather" in rendered[0]["content"]
     assert '"arguments": {"city": "Oslo"}' in rendered[2]["content"]
@@ -90,7 +91,8 @@ def scan(mode: str | None, pieces: list[str], complete: bool = True) -> list[Any
 
 
 def test_a_forced_call_streams_its_name_first_then_argument_fragments() -> None:
-    outs = scan("required", ['{"name": "get', '_weather", "arguments": {"ci', 'ty": "Oslo"', '}', ' }'])
+    outs = scan("required", ['{"name": "get', '_weather", "arguments": {"ci', 'ty": "Oslo"',
+                             '}', ' }'])
     assert isinstance(outs[0], CallStart) and outs[0].name == "get_weather"
     assert outs[0].id.startswith("call_")
     arguments = "".join(o.fragment for o in outs[1:] if isinstance(o, CallArguments))
@@ -105,7 +107,8 @@ def test_auto_mode_passes_text_through_and_opens_a_call_on_its_marker() -> None:
 
 
 def test_a_call_cut_by_max_tokens_keeps_what_was_written() -> None:
-    outs = scan("required", ['{"name": "get_weather", "arguments": {"city": {', '}'], complete=False)
+    outs = scan("required", ['{"name": "get_weather", "arguments": {"city": {', '}'],
+                complete=False)
     assert "".join(o.fragment for o in outs[1:]) == '{"city": {}'
 
 
@@ -146,7 +149,8 @@ def test_the_fold_rebuilds_tool_calls_logprobs_and_choices_as_an_sdk_does() -> N
         {"id": "call_9", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
     assert first["finish_reason"] == "tool_calls"
-    assert second["message"]["content"] == "Hi" and second["logprobs"]["content"][0]["token"] == "Hi"
+    assert second["message"]["content"] == "Hi"
+    assert second["logprobs"]["content"][0]["token"] == "Hi"
 
 
 def test_replayed_deltas_fold_back_into_the_same_choice() -> None:
