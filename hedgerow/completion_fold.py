@@ -30,6 +30,10 @@ class FoldError(ValueError):
     """A chunk whose shape no OpenAI stream has (the caller maps it to its own error)."""
 
 
+_FOLDED_DELTA = frozenset({"role", "content", "tool_calls"})
+_FOLDED_CHOICE = frozenset({"index", "delta", "text", "logprobs", "finish_reason"})
+
+
 @dataclass
 class ToolCallFold:
     id: str = ""
@@ -50,6 +54,11 @@ class ChoiceFold:
     tool_calls: dict[int, ToolCallFold] = field(default_factory=dict)
     logprobs: list[dict[str, Any]] | None = None
     finish_reason: str | None = None
+    # Other text an upstream streams (vLLM's reasoning_content, a refusal), kept
+    # for the whole message; and whether anything arrived that the fold could
+    # not keep. Either way the cache could not replay this choice exactly.
+    extra: dict[str, list[str]] = field(default_factory=dict)
+    unknown: bool = False
 
     @property
     def text(self) -> str:
@@ -62,6 +71,8 @@ class ChoiceFold:
         if calls and not content:
             content = None
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        for name, parts in self.extra.items():
+            message[name] = "".join(parts)
         if calls:
             message["tool_calls"] = calls
         return message
@@ -100,6 +111,15 @@ class CompletionFold:
             fold.content.append(content)
         for call in delta.get("tool_calls") or ():
             _fold_tool_call(fold, call)
+        for name, value in delta.items():
+            if name in _FOLDED_DELTA or value is None:
+                continue
+            if isinstance(value, str):
+                fold.extra.setdefault(name, []).append(value)
+            else:
+                fold.unknown = True
+        fold.unknown = fold.unknown or any(
+            value is not None for name, value in choice.items() if name not in _FOLDED_CHOICE)
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
             fold.logprobs = (fold.logprobs or []) + logprobs["content"]
@@ -178,6 +198,8 @@ def replay_deltas(
 def replayable(choice: ChoiceFold) -> bool:
     """Whether ``replay_deltas`` gives back this choice exactly."""
     calls_whole = all(c.id and c.name for c in choice.tool_calls.values())
+    if choice.extra or choice.unknown:
+        return False
     if choice.logprobs is None:
         return calls_whole
     tokens = "".join(str(e.get("token", "")) for e in choice.logprobs)

@@ -218,3 +218,23 @@ def test_a_call_starts_as_soon_as_its_name_is_written() -> None:
     assert [type(o) for o in started] == [CallStart] and started[0].name == "get_weather"
     assert scanner.feed('"arguments": {"city": "Oslo"}}') == [CallArguments('{"city": "Oslo"')]
     assert scanner.finish(complete=True) == [CallArguments("}")]
+
+
+def test_fields_the_fold_does_not_know_reach_the_message_but_are_never_cached() -> None:
+    fold = CompletionFold()
+    fold.feed(chunk({"reasoning_content": "Think. "}))
+    fold.feed(chunk({"content": "Hi"}))
+    fold.feed({"object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": None}]})
+    choice = fold.first()
+    assert choice.message() == {"role": "assistant", "content": "Hi",
+                                "reasoning_content": "Think. "}
+    assert not replayable(choice)
+    plain = CompletionFold()
+    plain.feed({"object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop", "stop_reason": None}]})
+    assert replayable(plain.first())  # a null field says nothing
+    odd = CompletionFold()
+    odd.feed({"object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop", "stop_reason": 7}]})
+    assert not replayable(odd.first())
