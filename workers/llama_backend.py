@@ -260,6 +260,8 @@ class LlamaBackend:
             # logits are not where _logprob_entry reads them.
             raise InvalidRequest("logprobs are not available on a worker running prompt-lookup "
                                  "decoding", param="logprobs", code="unsupported_parameter")
+        # Built here, so a schema no grammar can express is a 400 before any slot
+        # is taken ("auto" then uses it only with response_format: llama_chat).
         grammar = grammar_for(request.tools, request.tool_mode, request.response_schema)
         return LlamaGeneration(request, self._pool, self.n_ctx, self._counters, self.prompt_reuse,
                                grammar)
