@@ -213,18 +213,24 @@ class GoodClientProcess:
 ATTACKER_NICE = 5
 
 
-def _as_attacker(action: Callable[[], _T]) -> _T:
-    """``action()`` in a thread of its own at ``ATTACKER_NICE`` (Linux
-    priorities are per thread), so the caller's own priority is left as is."""
+def lower_thread_priority() -> None:
+    """The calling thread (only: Linux priorities are per thread) runs at
+    ``ATTACKER_NICE`` from now on; for a thread that exists to attack."""
     import os
 
+    if hasattr(os, "setpriority"):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), ATTACKER_NICE)
+
+
+def _as_attacker(action: Callable[[], _T]) -> _T:
+    """``action()`` in a thread of its own at ``ATTACKER_NICE``, so the
+    caller's own priority is left as it was."""
     result: list[_T] = []
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
-            if hasattr(os, "setpriority"):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), ATTACKER_NICE)
+            lower_thread_priority()
             result.append(action())
         except BaseException as error:  # re-raised in the caller
             failure.append(error)

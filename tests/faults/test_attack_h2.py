@@ -43,14 +43,17 @@ CHAT_PATH = "/v1/chat/completions"
 # ATTACK_TIMEOUT_S or MAX_BATCHES batches, whether or not it was cut).
 CUT_WITHIN_S = ATTACK_TIMEOUT_S
 # The good client (``bench.attacks.GoodClient``: its own tenant, a short
-# streamed completion every 50 ms on its own HTTP/2 connection; the attackers
-# are the anonymous tenant): none may fail, it is served all through the
-# attack, and its p99 (inclusive: never beyond the slowest request seen)
-# stays under this. Unloaded, its p99 is ~40 ms; on the shared 2-core test
-# machine at load average 7-10, up to ~1.4 s with the budgets on. With a
-# budget switched off (``--h2-limit`` with a huge value) the flood runs
-# until the driver gives up and the good client's requests wait seconds
-# or time out (docs/benchmarks.md, "attacks"): starved, not protected.
+# streamed completion every 50 ms on its own HTTP/2 connection, in its own
+# process; the attackers are the anonymous tenant, in a thread at a lower
+# priority): none may fail, it is served all through the attack, and its
+# p99 (inclusive: never beyond the slowest request seen) stays under this.
+# Unloaded its p99 is ~40 ms; on the shared 2-core test machine at load
+# average 4-10, up to ~0.5 s. What this bound catches is a gateway that
+# stops serving others (a loop blocked, a connection's work unbounded);
+# it does NOT tell a budget switched off from one on: a Python attacker on
+# the same two cores cannot outrun the gateway (with every HTTP/2 budget
+# off via --h2-limit, the good client's p99 stayed at 0.3-1.2 s). The
+# counts asserted in each test are what fail then.
 GOOD_P99_BUDGET_S = 2.5
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
