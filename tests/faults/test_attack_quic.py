@@ -292,14 +292,13 @@ def _stall(stack: Stack, source: str, count: int) -> tuple[list[socket.socket], 
             sock.sendto(datagram, target)
     handshaking: set[int] = set()
     retried: set[int] = set()
-    # Until every port has been admitted or has had its Retry and answered
-    # it, then a settling while for the gateway's answers. Not a fixed window from the start: at
+    # Until the gateway's answers settle. Not a fixed window from the start: at
     # load average 8-10 the gateway took more than the 1 s this once was to
     # Retry 120 Initials and begin 48 handshakes, and the count came up
     # short. Nothing is ever re-sent (no timers run here), so waiting longer
     # cannot admit more than the cap would.
     give_up = time.monotonic() + STALL_GIVE_UP_S
-    settled = float("inf")
+    settled = time.monotonic() + HANDSHAKE_TIMEOUT_S / 2
     while time.monotonic() < min(settled, give_up):
         for index, (sock, quic) in enumerate(zip(socks, quics)):
             try:
@@ -307,13 +306,20 @@ def _stall(stack: Stack, source: str, count: int) -> tuple[list[socket.socket], 
             except BlockingIOError:
                 continue
             if not is_retry(data):
+                news = index not in handshaking
                 handshaking.add(index)  # admitted (with a token, or under the threshold)
-            elif index not in retried:
+            else:
+                news = index not in retried
+            if news and is_retry(data):
                 retried.add(index)  # answer it once, with the token, then go quiet
                 quic.receive_datagram(data, target, now=time.monotonic())
                 for datagram, _ in quic.datagrams_to_send(now=time.monotonic()):
                     sock.sendto(datagram, target)
-            if settled == float("inf") and len(retried | handshaking) == count:
+            if news:
+                # Settled as long as the whole window this once was after the
+                # last new answer (the gateway's resends of its handshake
+                # flight are not news; a datagram the kernel dropped is never
+                # answered, so "every port answered" may never come).
                 settled = time.monotonic() + HANDSHAKE_TIMEOUT_S / 2
         time.sleep(0.005)
     return socks, len(handshaking)
