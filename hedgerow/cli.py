@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from hedgerow.cli_env import EnvironmentValueError, apply_environment
+from hedgerow.extras import missing_extras
 from hedgerow.logs import LOG_FORMATS, configure_logging
 from hedgerow.trust.process import add_trust_arguments
 
@@ -46,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"hedgerow: {error}") from error
     # `hedgerow up` starts its children as processes of their own: they read it here.
     os.environ["HEDGEROW_LOG_FORMAT"] = args.log_format
+    missing = missing_extras(args.command, getattr(args, "backend", None))
+    if missing is not None:  # a role that is not installed: say which extra, not a traceback
+        print(f"hedgerow: {missing}", file=sys.stderr)
+        return 1
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
