@@ -9,9 +9,9 @@ share again; ``hedgerow cache purge`` makes the next identical request a
 miss on both; an OpenAI SDK streaming client gets the same chunk structure
 from a replay as from a live generation. The last test starts a third
 gateway with the real all-MiniLM-L6-v2 and checks a paraphrase is a semantic
-hit and a changed number is not, that torch is loaded only in the gateway's
-embedding sidecar (never in the gateway itself), and that the sidecar does not
-outlive a SIGKILLed gateway.
+hit and a changed number is not, that the model runs on ONNX Runtime in the
+gateway's embedding sidecar with torch loaded nowhere, and that the sidecar
+does not outlive a SIGKILLed gateway.
 
 The two gateways keep semantic caching off (their policy) so that neither
 loads the embedding model; each answer is stored just after it was sent, so
