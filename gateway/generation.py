@@ -25,11 +25,11 @@ from gateway.attempt import Attempt, UpstreamCall, upstream_chunk
 from gateway.dispatch import Dispatcher
 from gateway.relay import RelayOutcome, observe_chunk
 from gateway.stream_log import EventKind, StreamLog
-from gateway.tickets import Outcome, Submit, Ticket, TicketDone
+from gateway.scheduling import SchedulerDoor
+from gateway.tickets import Outcome, Ticket
 from hedgerow import openai_api as oa
-from hedgerow.actors import ActorRef
 from hedgerow.asgi import sse_event
-from hedgerow.errors import RuntimeFault, UpstreamFailed
+from hedgerow.errors import UpstreamFailed
 from hedgerow.sse import SseEvent
 from policies.admission import Refused
 
@@ -45,7 +45,7 @@ class DispatchObserver(Protocol):
 
 @dataclass
 class Generation:
-    scheduler: ActorRef
+    scheduler: SchedulerDoor
     dispatcher: Dispatcher
     stream: StreamLog
     ticket: Ticket
@@ -59,14 +59,10 @@ class Generation:
         attempt: Attempt | None = None
         admitted = False
         try:
-            try:
-                refusal = await self.scheduler.ask(Submit(self.ticket))
-            except RuntimeFault as fault:  # e.g. AskTimeout: the client gets its error
-                self.stream.refuse(fault)  # response, not a crashed task group
-                return outcome
-            if refusal is not None:
-                self.refused = refusal
-                self.stream.refuse(refusal.to_error())
+            decision = await self.scheduler.submit(self.ticket)
+            if isinstance(decision, Refused):
+                self.refused = decision
+                self.stream.refuse(decision.to_error())
                 return outcome
             admitted = True
             try:
@@ -122,9 +118,9 @@ class Generation:
             await attempt.aclose()
             result: Outcome = ("failure" if outcome.failed else
                                "success" if outcome.complete else "abandoned")
-            await self.dispatcher.report(attempt.worker_id, result)
+            self.dispatcher.report(attempt.worker_id, result)
         if admitted:
-            await self.scheduler.tell(TicketDone(self.ticket, outcome.total_tokens))
+            await self.scheduler.ticket_done(self.ticket, outcome.total_tokens)
 
 
 def classify(event: SseEvent, outcome: RelayOutcome) -> EventKind:

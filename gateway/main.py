@@ -24,9 +24,13 @@ from gateway.dispatch import Dispatcher
 from gateway.drain import Drain
 from gateway.devcert import ensure_dev_certificate
 from gateway.follower import RegistryFollower
+from gateway.key_gate import KeyGate, LocalBudgets
+from gateway.key_secret import KeySecretFetcher
 from gateway.policy_follower import PolicyFollower, RunningPolicy
-from gateway.scheduler import SchedulerFactory
-from gateway.shared_limits import SharedLimitsScheduler, open_shared_limits
+from gateway.scheduler import Scheduler
+from gateway.scheduling import CLOCK_RESTARTS, SchedulerClock, SchedulerDoor
+from gateway.shared_budgets import SharedBudgets
+from gateway.shared_limits import open_shared_limits
 from gateway.quic_admission import QuicFrontDoor, QuicLimits
 from gateway.h2_budget import H2Limits
 from gateway.h2_guard import H2_GUARD_STATS
@@ -146,16 +150,21 @@ async def run_gateway(
             renewer = tls.renewer()
             if renewer is not None:
                 supervisor.run_service("certificate-renewer", renewer.run)
-            # Rebuilt after a crash with the policy in force then (apply_policy below).
-            scheduler_factory = SchedulerFactory(policy, directory, pop=options.pop)
-            scheduler = await supervisor.spawn(scheduler_factory, name="scheduler",
-                                               mailbox_size=4096)
-            front = scheduler if shared is None else SharedLimitsScheduler(scheduler, shared)
+            # A plain object the request path calls; the clock task only borrows it,
+            # so a crash of that task (restarted) loses no queue and no policy.
+            scheduler = Scheduler(policy, directory, pop=options.pop)
+            supervisor.run_service("scheduler-clock", SchedulerClock(scheduler).run,
+                                  restart_policy=CLOCK_RESTARTS)
             supervisor.run_service("response-cache", cache.run)
-            app = GatewayApp(policy, directory, front,  # type: ignore[arg-type]
+            app = GatewayApp(policy, directory, SchedulerDoor(scheduler, shared),
                              Dispatcher(scheduler, workers, policy), cache=cache,
                              awaiting_policy=following,
                              body_budget=BodyBudget(options.max_buffered_body_bytes))
+            # Budgets across gateways through the shared limits' Redis, else this gateway's own.
+            app.keys = KeyGate(budgets=SharedBudgets(shared.redis) if shared is not None
+                               else LocalBudgets(), shared_rates=shared)
+            supervisor.run_service("key-secret", KeySecretFetcher(
+                options.control_plane, app.keys, verify=tls.client()).run)
             app.metrics.watch_body_budget(app.body_budget.stats)
             app.metrics.watch_cache(cache.stats)
             connections = ConnectionCap(fit_file_limit(options.max_connections),
@@ -167,7 +176,6 @@ async def run_gateway(
             edge = CorsMiddleware(app, policy.cors, app.router.serves)
 
             async def apply_policy(new: Policy) -> None:
-                scheduler_factory.apply_policy(new)
                 edge.apply_policy(new)
                 await app.apply_policy(new)
 

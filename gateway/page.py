@@ -176,6 +176,7 @@ async function loadModels() {
     const response = await fetch(url);
     const list = await response.json();
     for (const m of list.data) {
+      if (m.kind === "embedding") continue;  // /v1/embeddings only: not a chat model
       const option = document.createElement("option");
       option.value = option.textContent = m.id;
       $("model").append(option);

@@ -1,43 +1,42 @@
-"""The gateway's scheduler actor: admission, EDF queues, routing, breakers, hedge budget.
+"""The gateway's scheduler: admission, EDF queues, routing, breakers, hedge budget.
 
-One actor owns every piece of shared dispatch state, so request handlers
-never race on it: they ``ask`` it to admit a ``Ticket`` (a refusal comes back
-at once and touches no worker), then wait on the ticket until the scheduler
-assigns a worker slot or sheds it. Every attempt on a worker, the primary, a
-retry or a hedge, ends with exactly one ``AttemptDone`` (success, failure or
-abandoned), which frees the slot, feeds the worker's breaker and dispatches
-the next queued ticket. A retry that finds no free worker goes back into the
-queue with its due time and deadline, and is next assigned to a worker it has
-not tried (``policies.scoring.retry_exclusions``). The decisions themselves
-are the sans-IO policies in ``policies/``; this module only feeds them events
-and carries out their answers.
+A plain sans-IO object that the request path calls directly, with ``now``
+passed in (aioquic's ``QuicConnection`` is the model): every method is
+synchronous and returns its decision, and since it runs on the event loop
+with no ``await`` inside, no two requests ever see half of an update. The
+request path ``submit``s a ``Ticket`` and gets ``Assigned``, ``QUEUED`` or a
+``Refused`` (a refusal touches no worker); a queued ticket waits on its
+``assignment`` until the scheduler gives it a worker slot or sheds it. Every
+attempt on a worker, the primary, a retry or a hedge, ends with exactly one
+``attempt_done`` (success, failure or abandoned), which frees the slot, feeds
+the worker's breaker and dispatches the next queued ticket. A retry that finds
+no free worker goes back into the queue with its due time and deadline, and
+is next assigned to a worker it has not tried
+(``policies.scoring.retry_exclusions``). ``tick(now)`` sheds queued tickets
+past their deadline and dispatches what the registry's changes made room for;
+a small clock task drives it (``gateway.scheduling.SchedulerClock``). That
+task can crash and be restarted without loss: the queues live here, not in
+it. The decisions themselves are the sans-IO policies in ``policies/``; this
+module only feeds them events and carries out their answers. It does no I/O
+and imports no async library.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.tickets import (
+    QUEUED,
     REQUEUED,
-    AttemptDone,
-    FirstToken,
-    HedgeDelay,
-    Reconfigure,
+    Assigned,
+    Outcome,
     Requeued,
-    Reroute,
-    Stats,
-    Submit,
-    ChargeRequest,
+    Submitted,
     Ticket,
-    TicketDone,
-    Withdraw,
 )
-from hedgerow.actors import Actor
 from hedgerow.errors import HedgerowError, NoHealthyWorker
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerRecord
@@ -59,9 +58,6 @@ FIFO_HORIZON_S = 1e9
 HEDGE_LEVEL_EPSILON = 1e-9
 
 
-# -- the actor ----------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Capacity:
     slots: int
@@ -73,37 +69,11 @@ def admission_from(policy: Policy) -> Admission:
     return Admission(limits, max_queue=policy.scheduling.max_queue)
 
 
-class SchedulerFactory:
-    """Builds the scheduler actor, on start and on every restart after a crash.
-
-    Holds the policy in force (``apply_policy``), so a rebuilt scheduler runs
-    the latest one, not the one the gateway started with.
-    """
-
-    def __init__(self, policy: Policy, directory: LatestValue[RegistrySnapshot],
-                 pop: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.policy = policy
-        self.directory = directory
-        self.pop = pop
-        self.clock = clock
-        self.built = 0  # instances made: 1 + restarts
-
-    def apply_policy(self, policy: Policy) -> None:
-        self.policy = policy
-
-    def __call__(self) -> SchedulerActor:
-        self.built += 1
-        return SchedulerActor(self.policy, self.directory, clock=self.clock, pop=self.pop)
-
-
-class SchedulerActor(Actor):
-    tick_interval = 0.02
-
+class Scheduler:
     def __init__(
         self,
         policy: Policy,
         directory: LatestValue[RegistrySnapshot],
-        clock: Callable[[], float] = time.monotonic,
         pop: str | None = None,
     ) -> None:
         self.policy = policy
@@ -111,7 +81,6 @@ class SchedulerActor(Actor):
         self.locality = LocalityRouter(policy.topology, pop)
         self.failed_at: dict[str, float] = {}  # worker -> its last failure, until a success
         self.directory = directory
-        self.clock = clock
         self.admission = admission_from(policy)
         self.queues: dict[str, EdfQueue[Ticket]] = {}
         self.inflight: dict[str, int] = {}
@@ -122,65 +91,51 @@ class SchedulerActor(Actor):
         self.hedge_budget = HedgeBudget(ratio=h.budget_ratio, burst=h.budget_burst)
         self.counters: dict[str, int] = {}
         self.transitions: list[BreakerTransition] = []
-        # Admitted and not yet finished: queued, waiting for a retry's worker, or on a
-        # worker. Bounded by the queues plus the workers' slots. ``on_stop`` needs it:
-        # a ticket popped mid-dispatch by a crash is in no queue any more.
-        self.admitted: set[Ticket] = set()
 
-    async def receive(self, message: Any) -> Any:
-        now = self.clock()
-        match message:
-            case Submit(ticket):
-                return self._submit(ticket, now)
-            case ChargeRequest(tenant):
-                refusal = self.admission.charge_request(tenant, now)
-                self._count("requests_charged_at_door" if refusal is None
-                            else f"shed_{refusal.reason}")
-                return refusal
-            case Withdraw(ticket):
-                self._withdraw(ticket, now)
-            case Reroute(ticket, exclude, hedge):
-                return self._reroute(ticket, exclude, hedge, now)
-            case AttemptDone():
-                self._attempt_done(message, now)
-            case TicketDone(ticket, actual_tokens):
-                self._ticket_done(ticket, actual_tokens, now)
-            case FirstToken(model, pool, ttft_s):
-                self._sketch(model, pool).observe(ttft_s)
-            case HedgeDelay(model, pool):
-                return self._hedge_delay(model, pool)
-            case Reconfigure(policy):
-                self._reconfigure(policy)
-            case Stats():
-                return self._stats()
-            case _:
-                raise TypeError(f"unexpected message {message!r}")
-        return None
+    # -- the request path's calls ---------------------------------------------
 
-    async def on_stop(self) -> None:
-        """Crashed or stopped: refuse every ticket still waiting for a worker.
+    def submit(self, ticket: Ticket, now: float) -> Submitted:
+        """Admit and queue ``ticket``, and assign it a worker at once if one is free."""
+        refusal = self._submit(ticket, now)
+        if refusal is not None:
+            return refusal
+        worker = ticket.assignment.worker
+        return QUEUED if worker is None else Assigned(worker)
 
-        Its queues die with this instance, and the instance rebuilt in its place
-        knows nothing of them, so a waiter would otherwise wait forever. Each gets
-        a prompt, retryable 503 (Retry-After) rather than a re-submit: this
-        instance's state is suspect, and the client's retry is admitted afresh by
-        the new one. Tickets already on a worker run on; the new instance ignores
-        their end (``admitted_by``).
-        """
-        waiting = [t for t in self.admitted if not t.assignment.settled]
-        for ticket in waiting:
-            ticket.handle = None
-            ticket.finished = True
-            ticket.assignment.refuse(NoHealthyWorker(
-                f"request {ticket.request_id} lost its place in the queue (the scheduler "
-                "restarted); retry", code="scheduler_restarted", retry_after=1))
-        self.admitted.clear()
-        if waiting:
-            log.warning("scheduler stopping: %d waiting request(s) refused with a retryable "
-                        "503", len(waiting))
+    def charge_request(self, tenant: str, now: float) -> Refused | None:
+        """Charge one request to ``tenant``'s requests/s now, before the cache answers
+        it or it joins a flight (its ticket is then made with ``request_charged``)."""
+        refusal = self.admission.charge_request(tenant, now)
+        self._count("requests_charged_at_door" if refusal is None else f"shed_{refusal.reason}")
+        return refusal
 
-    async def on_tick(self) -> None:
-        now = self.clock()
+    def withdraw(self, ticket: Ticket, now: float) -> None:
+        """The client left while ``ticket`` waited for a worker, for its first attempt
+        or a retry (still queued, or assigned a worker it will never use)."""
+        if ticket.finished:
+            return
+        if ticket.handle is not None and self._queue(ticket.model).cancel(ticket.handle):
+            self._finish_refused(ticket, now, NoHealthyWorker("client went away",
+                                                              code="cancelled"))
+        elif ticket.assignment.worker is not None:
+            # Assigned just as the client left: no attempt will ever free the slot.
+            self.attempt_done(ticket.assignment.worker.registration.worker_id, "abandoned", now)
+
+    def first_token(self, model: str, pool: str, ttft_s: float) -> None:
+        """A first token came from ``pool`` after ``ttft_s`` (feeds hedge timing)."""
+        self._sketch(model, pool).observe(ttft_s)
+
+    def hedge_delay(self, model: str, pool: str) -> float | None:
+        """Seconds to wait for a first token before hedging on ``pool``; None: never."""
+        h = self.policy.hedging
+        if not h.enabled:
+            return None
+        return hedge_delay(self._sketch(model, pool), h.quantile, h.floor_ms / 1000,
+                           h.ceiling_ms / 1000)
+
+    def tick(self, now: float) -> None:
+        """Shed queued tickets past their deadline; dispatch onto workers that appeared
+        or came back since (the registry and breakers change without a call here)."""
         for model, queue in self.queues.items():
             for ticket in queue.expire(now):
                 self._count("shed_deadline")
@@ -189,7 +144,7 @@ class SchedulerActor(Actor):
                     code="deadline_exceeded", retry_after=1))
             self._dispatch(model, now)
 
-    def _reconfigure(self, policy: Policy) -> None:
+    def reconfigure(self, policy: Policy) -> None:
         """Swap in a new policy without losing queued or running requests."""
         old, self.policy = self.policy, policy
         self.locality = LocalityRouter(policy.topology, self.pop)
@@ -242,8 +197,6 @@ class SchedulerActor(Actor):
         if isinstance(decision, Refused):
             return decision
         ticket.charged = decision.tokens_charged
-        ticket.admitted_by = self
-        self.admitted.add(ticket)
         return None
 
     def _queue_key(self, ticket: Ticket) -> float:
@@ -264,39 +217,33 @@ class SchedulerActor(Actor):
             queue = self.queues[model] = EdfQueue(self.policy.scheduling.max_queue)
         return queue
 
-    def _withdraw(self, ticket: Ticket, now: float) -> None:
-        if ticket not in self.admitted:  # finished, or admitted before a crash and not
-            return                       # queued here since: nothing of it to undo
-        if ticket.handle is not None and self._queue(ticket.model).cancel(ticket.handle):
-            self._finish_refused(ticket, now, NoHealthyWorker("client went away",
-                                                              code="cancelled"))
-        elif ticket.assignment.worker is not None:
-            # Assigned just as the client left: no attempt will ever free the slot.
-            worker_id = ticket.assignment.worker.registration.worker_id
-            self._attempt_done(AttemptDone(worker_id, "abandoned"), now)
-
     # -- dispatch -------------------------------------------------------------
 
     def _dispatch(self, model: str, now: float) -> None:
         queue = self._queue(model)
+        # Put back whatever is not assigned, also when a bug raises below: the
+        # queues outlive every call, and a ticket dropped here would wait forever.
         passed_over: list[Ticket] = []
-        while len(queue) and self._has_free_slot(model, now):
-            ticket = queue.pop(now)
-            if ticket is None:
-                break
-            ticket.handle = None
-            worker = self._pick_queued(ticket, now)
-            if worker is not None:
-                self._assign(ticket, worker, now)
-                continue
-            passed_over.append(ticket)
-            # A first dispatch held back (its route forbids the pool that has room, or
-            # it waits for its PoP) keeps the head; a retry that may not use the free
-            # workers (it failed there) lets the tickets behind it have them.
-            if not ticket.tried:
-                break
-        for ticket in passed_over:
-            self._put_back(queue, ticket, now)
+        try:
+            while len(queue) and self._has_free_slot(model, now):
+                ticket = queue.pop(now)
+                if ticket is None:
+                    break
+                ticket.handle = None
+                passed_over.append(ticket)
+                worker = self._pick_queued(ticket, now)
+                if worker is not None:
+                    passed_over.pop()
+                    self._assign(ticket, worker, now)
+                    continue
+                # A first dispatch held back (its route forbids the pool that has room,
+                # or it waits for its PoP) keeps the head; a retry that may not use the
+                # free workers (it failed there) lets the tickets behind it have them.
+                if not ticket.tried:
+                    break
+        finally:
+            for ticket in passed_over:
+                self._put_back(queue, ticket, now)
 
     def _pick_queued(self, ticket: Ticket, now: float) -> WorkerRecord | None:
         if not ticket.tried:
@@ -315,8 +262,13 @@ class SchedulerActor(Actor):
             self._finish_refused(ticket, now, NoHealthyWorker(
                 "the queue for this model is full", code="queue_full", retry_after=1))
 
-    def _reroute(self, ticket: Ticket, exclude: tuple[str, ...], hedge: bool,
+    def reroute(self, ticket: Ticket, exclude: tuple[str, ...], hedge: bool,
                  now: float) -> WorkerRecord | Requeued | None:
+        """A worker for a retry or a hedge right now, or None.
+
+        A hedge never queues. A retry with no free worker goes back into its
+        model's queue (``REQUEUED``: wait on ``ticket.assignment`` again) while
+        a healthy worker it may use exists; otherwise None."""
         if not hedge:
             return self._retry(ticket, exclude, now)
         if self.hedge_budget.level + HEDGE_LEVEL_EPSILON < 1.0:
@@ -353,7 +305,6 @@ class SchedulerActor(Actor):
         if ticket.handle is None:
             self._count("reroute_queue_full")
             return None
-        self.admitted.add(ticket)  # (again, or adopted from before a crash) for on_stop
         self._count("retries")
         self._count("retries_queued")
         return REQUEUED
@@ -416,25 +367,27 @@ class SchedulerActor(Actor):
 
     # -- completion -----------------------------------------------------------
 
-    def _attempt_done(self, done: AttemptDone, now: float) -> None:
-        left = self.inflight.get(done.worker_id, 0) - 1
+    def attempt_done(self, worker_id: str, outcome: Outcome, now: float) -> None:
+        """One attempt on ``worker_id`` ended: free its slot, feed its breaker, dispatch."""
+        left = self.inflight.get(worker_id, 0) - 1
         if left > 0:
-            self.inflight[done.worker_id] = left
+            self.inflight[worker_id] = left
         else:
-            self.inflight.pop(done.worker_id, None)
-        breaker = self._breaker(done.worker_id)
-        if done.outcome == "success":
+            self.inflight.pop(worker_id, None)
+        breaker = self._breaker(worker_id)
+        if outcome == "success":
             breaker.on_success(now)
-            self.failed_at.pop(done.worker_id, None)
-        elif done.outcome == "failure":
+            self.failed_at.pop(worker_id, None)
+        elif outcome == "failure":
             breaker.on_failure(now)
-            self.failed_at[done.worker_id] = now
+            self.failed_at[worker_id] = now
         else:
             breaker.on_abandoned(now)
         for model in self.queues:
             self._dispatch(model, now)
 
-    def _ticket_done(self, ticket: Ticket, actual_tokens: int, now: float) -> None:
+    def ticket_done(self, ticket: Ticket, actual_tokens: int, now: float) -> None:
+        """The request is over; settle its tenant's tokens and concurrency."""
         if ticket.finished:
             return
         if ticket.assigned_at is not None:
@@ -446,9 +399,6 @@ class SchedulerActor(Actor):
         if ticket.finished:
             return
         ticket.finished = True
-        self.admitted.discard(ticket)
-        if ticket.admitted_by is not self:  # admitted before a crash: not in these counts
-            return
         self.admission.settle(ticket.tenant, ticket.charged, actual_tokens, now)
         self.admission.release(ticket.tenant)
 
@@ -456,15 +406,6 @@ class SchedulerActor(Actor):
         ticket.handle = None
         ticket.assignment.refuse(error)
         self._release_tenant(ticket, now, actual_tokens=0)
-
-    # -- hedging --------------------------------------------------------------
-
-    def _hedge_delay(self, model: str, pool: str) -> float | None:
-        h = self.policy.hedging
-        if not h.enabled:
-            return None
-        return hedge_delay(self._sketch(model, pool), h.quantile, h.floor_ms / 1000,
-                           h.ceiling_ms / 1000)
 
     # -- state helpers --------------------------------------------------------
 
@@ -507,8 +448,8 @@ class SchedulerActor(Actor):
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
 
-    def _stats(self) -> dict[str, Any]:
-        now = self.clock()
+    def stats(self, now: float) -> dict[str, Any]:
+        """A snapshot for /metrics and tests."""
         return {
             "breakers": {wid: b.state(now).name.lower() for wid, b in self.breakers.items()},
             "queued": {model: len(queue) for model, queue in self.queues.items()},

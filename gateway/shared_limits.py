@@ -13,7 +13,7 @@ The local buckets still apply after it.
 
 Tokens are charged as the local admission charges them: the estimate
 (prompt tokens + ``max_tokens``), capped at the tenant's token burst, when
-the request is admitted; when it ends (``TicketDone``) the bucket is settled
+the request is admitted; when it ends (``ticket_done``) the bucket is settled
 with what the worker really generated (unused tokens given back, extra usage
 drained, never past full or empty). A request that the gateway's own
 admission refuses after the shared check gets its whole token charge back.
@@ -29,10 +29,10 @@ live gateway renews for as long as each stream runs (minutes) and that
 expire when it dies, or a crashed gateway would hold its tenants' slots
 forever; see docs/operations.md.
 
-``SharedLimitsScheduler`` puts the check in front of the scheduler actor: it
-answers ``Submit`` with the same ``Refused`` (429 ``requests_rate`` or
-``tokens_rate``) the scheduler's own admission would, settles on
-``TicketDone``, and passes every other message through.
+``gateway.scheduling.SchedulerDoor`` puts the check in front of the
+scheduler: a ``submit`` refused here gets the same ``Refused`` (429
+``requests_rate`` or ``tokens_rate``) the scheduler's own admission would,
+and ``ticket_done`` settles here too.
 """
 
 from __future__ import annotations
@@ -48,8 +48,7 @@ import anyio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.tickets import ChargeRequest, Stats, Submit, Ticket, TicketDone
-from hedgerow.actors import ActorRef
+from gateway.tickets import Ticket
 from hedgerow.redis_conn import RedisTls, open_redis
 from policies.admission import Refused
 from policies.schema import Policy, TenantLimits
@@ -183,6 +182,40 @@ class SharedRequestLimits:
         except (RedisError, OSError, TimeoutError) as error:
             self._fell_back(error, count=False)
 
+    async def take_key(self, key_id: str, requests_per_s: float | None,
+                       tokens_per_min: float | None, tokens: float) -> tuple[str, float] | None:
+        """A virtual key's own requests/s and tokens/min (``gateway.key_gate``), in the
+        same script as a tenant's. None: granted, or Redis is down (the gateway's own
+        key buckets still apply); else what refused (``requests``/``tokens``) and the wait."""
+        if self.clock() < self._down_until:
+            return None
+        args = [*_rate_args(requests_per_s, per_s=1.0), *_rate_args(tokens_per_min, per_s=60.0),
+                repr(float(tokens)), "1"]
+        try:
+            with anyio.fail_after(REDIS_TIMEOUT_S):
+                granted, refused_by, wait = await self._take(keys=self._key_keys(key_id),
+                                                             args=args)
+        except (RedisError, OSError, TimeoutError) as error:
+            self._fell_back(error)
+            return None
+        self._back()
+        return None if int(granted) else (_text(refused_by), float(wait))
+
+    async def settle_key(self, key_id: str, tokens_per_min: float, change: float) -> None:
+        """Give back (> 0) or drain (< 0) a key's shared tokens bucket."""
+        if change == 0 or self.clock() < self._down_until:
+            return
+        try:
+            with anyio.fail_after(REDIS_TIMEOUT_S):
+                await self._adjust(keys=self._key_keys(key_id)[1:],
+                                   args=[*_rate_args(tokens_per_min, per_s=60.0), repr(change)])
+        except (RedisError, OSError, TimeoutError) as error:
+            self._fell_back(error, count=False)
+
+    def _key_keys(self, key_id: str) -> list[str]:
+        base = f"{self.prefix}:keylimit:{key_id}"
+        return [f"{base}:requests", f"{base}:tokens"]
+
     def _keys(self, tenant: str) -> list[str]:
         base = f"{self.prefix}:ratelimit:{tenant}"
         return [f"{base}:requests", f"{base}:tokens"]
@@ -214,6 +247,18 @@ class SharedRequestLimits:
                         "its own limits until it is back", type(error).__name__, error)
 
 
+# A rate the key does not set: a bucket so large it never refuses.
+_UNLIMITED = 1e12
+
+
+def _rate_args(per_period: float | None, *, per_s: float) -> list[str]:
+    """(rate per second, burst) of a bucket of ``per_period`` per ``per_s`` seconds:
+    a second of requests (at least one), a minute of tokens."""
+    if per_period is None:
+        return [repr(_UNLIMITED), repr(_UNLIMITED)]
+    return [repr(per_period / per_s), repr(max(1.0, per_period))]
+
+
 def _limits_of(ticket: Ticket) -> TenantLimits | None:
     return _tenant_limits(ticket.policy, ticket.tenant)
 
@@ -226,39 +271,6 @@ def _tenant_limits(policy: Policy | None, tenant: str) -> TenantLimits | None:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-class SharedLimitsScheduler:
-    """The scheduler's ref with the shared check in front of ``Submit``."""
-
-    def __init__(self, scheduler: ActorRef, limits: SharedRequestLimits) -> None:
-        self.scheduler = scheduler
-        self.limits = limits
-        self.name = scheduler.name
-
-    async def ask(self, message: Any, *, timeout: float = 5.0) -> Any:
-        if isinstance(message, Submit):
-            refusal = await self.limits.check(message.ticket)
-            if refusal is not None:
-                return refusal
-        if isinstance(message, ChargeRequest):
-            refusal = await self.limits.charge_request(message.tenant, message.policy)
-            if refusal is not None:
-                return refusal
-        answer = await self.scheduler.ask(message, timeout=timeout)
-        if isinstance(message, Submit) and answer is not None:
-            await self.limits.settle(message.ticket, 0)  # refused here: it never ran
-        if isinstance(message, Stats):
-            answer = add_shared_counters(answer, self.limits.counters)
-        return answer
-
-    async def tell(self, message: Any) -> None:
-        await self.scheduler.tell(message)
-        if isinstance(message, TicketDone):
-            await self.limits.settle(message.ticket, message.actual_tokens)
-
-    def tell_nowait(self, message: Any) -> None:
-        self.scheduler.tell_nowait(message)
 
 
 def add_shared_counters(stats: dict[str, Any], counters: dict[str, int]) -> dict[str, Any]:

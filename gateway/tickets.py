@@ -1,9 +1,9 @@
-"""Tickets and the messages of the scheduler actor.
+"""Tickets and the scheduler's answers.
 
 A ``Ticket`` is one admitted request from admission until its last attempt
 ends; its ``assignment`` is the one-shot through which the scheduler hands it
-a worker (or the reason it never will). The messages are what request
-handlers and the dispatcher send the scheduler (``gateway.scheduler``).
+a worker (or the reason it never will): the only thing a queued request awaits.
+The answers are what the scheduler's calls return (``gateway.scheduler``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import anyio
 from hedgerow.errors import HedgerowError
 from hedgerow.wire import WorkerRecord
 from policies.edf import EdfHandle
+from policies.admission import Refused
 from policies.schema import Policy
 from policies.scoring import RouteRequest
 
@@ -79,11 +80,8 @@ class Ticket:
     upstream_at: float | None = None  # the first attempt's request handed to the HTTP client
     # Workers its attempts went to, in order, once it waits in the queue for a retry.
     tried: tuple[str, ...] = ()
-    # Its requests/s already charged at the door (``ChargeRequest``): Submit skips it.
+    # Its requests/s already charged at the door (``charge_request``): submit skips it.
     request_charged: bool = False
-    # The scheduler instance that admitted it. A scheduler rebuilt after a crash
-    # starts with empty admission counts: it must not release what it never admitted.
-    admitted_by: object | None = field(default=None, repr=False)
 
     def requeue_for_retry(self, tried: tuple[str, ...]) -> None:
         """Back to waiting: a fresh one-shot for the retry's worker (the old one is spent)."""
@@ -91,95 +89,30 @@ class Ticket:
         self.assignment = _Assignment()
 
 
-# -- messages ---------------------------------------------------------------
+# -- the scheduler's answers ---------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Submit:
-    """Ask: admit and queue (or assign at once). Replies None or a ``Refused``."""
+class Assigned:
+    """``submit``'s answer: admitted, and on ``worker`` already (the assignment is settled)."""
 
-    ticket: Ticket
-
-
-@dataclass(frozen=True)
-class ChargeRequest:
-    """Ask: charge one request to ``tenant``'s requests/s now, before the cache
-    answers it or it joins a flight (a ticket made for it afterwards has
-    ``request_charged``). Replies None or a ``Refused``."""
-
-    tenant: str
-    policy: Policy | None = None  # the request's policy (the shared limits read it)
+    worker: WorkerRecord
 
 
 @dataclass(frozen=True)
-class Withdraw:
-    """Tell: the client left while the ticket waited for a worker, for its first
-    attempt or a retry (still queued, or assigned a worker it will never use)."""
-
-    ticket: Ticket
+class Queued:
+    """``submit``'s answer: admitted, waiting in its model's queue (wait on the assignment)."""
 
 
-@dataclass(frozen=True)
-class Reroute:
-    """Ask: a worker for a retry or a hedge right now, or None.
+QUEUED = Queued()
 
-    A hedge never queues. A retry with no free worker goes back into its
-    model's queue (reply ``REQUEUED``; wait on ``ticket.assignment`` again)
-    while a healthy worker it may use exists; otherwise None."""
-
-    ticket: Ticket
-    exclude: tuple[str, ...]
-    hedge: bool
+# Admitted (assigned or queued) or refused; a refusal touched no worker.
+Submitted = Assigned | Queued | Refused
 
 
 @dataclass(frozen=True)
 class Requeued:
-    """The reply to a retry's ``Reroute`` that put the ticket back in the queue."""
+    """``reroute``'s answer for a retry that went back into the queue."""
 
 
 REQUEUED = Requeued()
-
-
-@dataclass(frozen=True)
-class AttemptDone:
-    """Tell: one attempt on ``worker_id`` ended."""
-
-    worker_id: str
-    outcome: Outcome
-
-
-@dataclass(frozen=True)
-class TicketDone:
-    """Tell: the request is over; settle its tenant's tokens and concurrency."""
-
-    ticket: Ticket
-    actual_tokens: int
-
-
-@dataclass(frozen=True)
-class FirstToken:
-    """Tell: a first token came from ``pool`` after ``ttft_s`` (feeds hedge timing)."""
-
-    model: str
-    pool: str
-    ttft_s: float
-
-
-@dataclass(frozen=True)
-class HedgeDelay:
-    """Ask: seconds to wait for a first token before hedging on ``pool``."""
-
-    model: str
-    pool: str
-
-
-@dataclass(frozen=True)
-class Reconfigure:
-    """Tell: a new policy is in force for requests admitted from now on."""
-
-    policy: Policy
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Ask: a snapshot for /metrics and tests."""

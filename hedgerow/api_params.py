@@ -202,3 +202,64 @@ def _unsupported(param: str, why: str) -> InvalidRequest:
     reason = f" ({why})" if why else ""
     return InvalidRequest(f"Hedgerow does not support {shown!r} with this value{reason}",
                           param=shown, code="unsupported_parameter")
+
+
+def unsupported(param: str, why: str) -> InvalidRequest:
+    """The 400 ``unsupported_parameter`` naming ``param`` (for other modules' checks)."""
+    return _unsupported(param, why)
+
+
+# -- the other endpoints ---------------------------------------------------------------
+
+_MESSAGES_ONLY = "a Messages API feature Hedgerow does not serve"
+
+# Anthropic's Messages API (``POST /v1/messages``; the reference is the
+# official ``anthropic`` SDK's ``MessageCreateParams``, with the fields its
+# earlier versions sent: ``temperature``, ``top_p``, ``top_k`` …), translated
+# onto the chat path by ``hedgerow.anthropic_api``: "carried" fields reach the
+# worker as their OpenAI equivalents, so the chat path's own support applies.
+MESSAGES_PARAMS: dict[str, Param] = {
+    "model": Param("implemented"),
+    "messages": Param("implemented"),
+    "system": Param("implemented"),
+    "stream": Param("implemented"),
+    "max_tokens": Param("carried"),
+    "stop_sequences": Param("carried"),
+    "temperature": Param("carried"),
+    "top_p": Param("carried"),
+    "tools": Param("carried"),
+    "tool_choice": Param("carried"),
+    "metadata": Param("accepted"),
+    "cache_control": Param("accepted"),  # a hint to Anthropic's prompt cache
+    "user_profile_id": Param("accepted"),  # the SDK sends these two as headers
+    "workspace_id": Param("accepted"),
+    "top_k": _refused("the workers' OpenAI sampling has no top_k"),
+    "thinking": _refused("no reasoning models are served", {"type": "disabled"}),
+    "service_tier": _refused("there is one service tier", "auto", "standard_only"),
+    "speed": _refused("there is one speed", "standard"),
+    "output_config": _refused("effort and output formats are not translated", {}),
+    "output_format": _refused("output formats are not translated"),
+    "diagnostics": _refused("prompt-cache diagnostics are not returned"),
+    "container": _refused(_MESSAGES_ONLY),
+    "context_management": _refused(_MESSAGES_ONLY),
+    "mcp_servers": _refused(_MESSAGES_ONLY),
+    "inference_geo": _refused("there is one region"),
+}
+
+# OpenAI's embeddings (``POST /v1/embeddings``; ``embedding_create_params``).
+EMBEDDINGS_PARAMS: dict[str, Param] = {
+    "model": Param("implemented"),
+    "input": Param("implemented"),
+    "encoding_format": Param("implemented"),
+    "dimensions": Param("implemented"),
+    "user": Param("accepted"),
+}
+
+# Every route of the public API and what Hedgerow does with it.
+ENDPOINTS: dict[str, Support] = {
+    "POST /v1/chat/completions": "implemented",
+    "POST /v1/completions": "implemented",
+    "POST /v1/messages": "implemented",
+    "POST /v1/embeddings": "implemented",
+    "GET /v1/models": "implemented",
+}

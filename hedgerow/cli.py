@@ -272,6 +272,9 @@ def _add_policy(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     from hedgerow.trust_cli import add_trust_parsers
 
     add_trust_parsers(commands)
+    from hedgerow.key_cli import add_key_parsers
+
+    add_key_parsers(commands)
 
 
 def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -329,15 +332,16 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
 
     limits = SourceLimitsConfig()
     gw.add_argument("--max-connections-per-ip", type=int, default=limits.max_open_per_ip,
-                    metavar="N", help="open TCP connections from one client IP at most; "
-                    f"beyond it new ones are closed before TLS (default {limits.max_open_per_ip}; "
+                    metavar="N", help="open connections (TCP and QUIC together) from one client "
+                    f"IP at most; beyond it new ones are closed before TLS (default {limits.max_open_per_ip}; "
                     "0: no limit)")
     gw.add_argument("--max-connections-per-prefix", type=int,
                     default=limits.max_open_per_prefix, metavar="N",
                     help="the same for one /24 (IPv4) or /64 (IPv6) "
                          f"(default {limits.max_open_per_prefix}; 0: no limit)")
     gw.add_argument("--new-connections-per-ip", type=float, default=limits.rate_per_ip,
-                    metavar="PER_S", help="new TCP connections per second from one client IP, "
+                    metavar="PER_S", help="new connections per second (TCP and QUIC together) "
+                    "from one client IP, "
                     f"with a burst of {BURST_S:g} s worth; beyond it they are closed before TLS "
                     f"(default {limits.rate_per_ip:g}; 0: no limit)")
     gw.add_argument("--new-connections-per-prefix", type=float,
@@ -394,7 +398,9 @@ def _add_quic_limits(gw: argparse.ArgumentParser) -> None:
         ("--quic-max-stream-data-bytes", "max_stream_data_bytes", int,
          "QUIC flow-control window of a stream"),
         ("--h3-max-field-section-bytes", "h3_max_field_section_bytes", int,
-         "an HTTP/3 header section larger than this closes the connection (H3_EXCESSIVE_LOAD)"),
+         "an HTTP/3 request whose header section is larger than this is answered 431"),
+        ("--h3-max-refused-header-sections", "h3_max_refused_header_sections", int,
+         "past this many such requests on one connection it is closed (H3_EXCESSIVE_LOAD)"),
         ("--h3-qpack-table-bytes", "h3_qpack_table_bytes", int,
          "QPACK dynamic table offered to clients (0: none, so no header inflation)"),
         ("--h3-qpack-blocked-streams", "h3_qpack_blocked_streams", int,

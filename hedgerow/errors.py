@@ -11,6 +11,7 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │   ├── UnknownWorker               404  code=unknown_worker
     │   ├── UnknownPolicyVersion        404  code=unknown_policy_version
     │   ├── StreamNotFound              404  code=stream_not_found
+    │   ├── KeyNotFound                 404  code=key_not_found
     │   ├── StreamGone                  410  code=stream_gone
     │   ├── PolicyError                 400  code=invalid_policy (policies.schema;
     │   │                                    carries file:line:column issues)
@@ -26,16 +27,25 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │                                        identity may not do this)
     ├── Conflict                        409 conflict_error
     ├── RateLimited                     429 rate_limit_exceeded (Retry-After)
+    │   └── BudgetExceeded              429  code=budget_exceeded (Retry-After: the reset)
     ├── NoHealthyWorker                 503 service_unavailable (Retry-After)
     ├── GatewayDraining                 503 service_unavailable (Retry-After)
     ├── PolicyUnavailable               503 service_unavailable (Retry-After)
+    ├── EmbeddingsUnavailable           503 service_unavailable (Retry-After)
     ├── UpstreamFailed                  502 upstream_error (message fixed per code;
     │                                        the worker's detail is for the log only)
-    └── RuntimeFault                    500 server_error
-        ├── ActorDead
-        ├── AskTimeout
-        ├── ModelUnavailable            code=model_unavailable
-        └── MailboxFull                 code=mailbox_full
+    ├── RuntimeFault                    500 server_error
+    │   ├── ActorDead
+    │   ├── AskTimeout
+    │   ├── ModelUnavailable            code=model_unavailable
+    │   └── MailboxFull                 code=mailbox_full
+    └── AnthropicShaped                 any of the above, rendered for ``POST /v1/messages``
+
+Anthropic's Messages API answers errors as ``{"type": "error", "error":
+{"type", "message"}, "request_id"}``; ``anthropic_error_type`` maps each of
+the above onto its types, and ``AnthropicShaped`` renders one so. Its statuses
+are the same, except that "no capacity" (503) is Anthropic's ``529
+overloaded_error``, which its SDKs retry as they do a 503.
 """
 
 from __future__ import annotations
@@ -109,6 +119,13 @@ class StreamNotFound(InvalidRequest):
 
     status = 404
     default_code = "stream_not_found"
+
+
+class KeyNotFound(InvalidRequest):
+    """``hedgerow key revoke`` of an id that is not a key (revoked already, or a typo)."""
+
+    status = 404
+    default_code = "key_not_found"
 
 
 class StreamGone(InvalidRequest):
@@ -188,6 +205,13 @@ class RateLimited(HedgerowError):
     status = 429
     error_type = "rate_limit_exceeded"
     default_code = "rate_limit_exceeded"
+
+
+class BudgetExceeded(RateLimited):
+    """A tenant's or key's token or cost budget for the day or month is spent
+    (``policies.budget``); Retry-After points at the budget's reset."""
+
+    default_code = "budget_exceeded"
 
 
 class NoHealthyWorker(HedgerowError):
@@ -282,3 +306,71 @@ class ModelUnavailable(RuntimeFault):
 
 class MailboxFull(RuntimeFault):
     default_code = "mailbox_full"
+
+
+# Anthropic's error types by HTTP status (docs.anthropic.com, "Errors").
+_ANTHROPIC_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_OVERLOADED_STATUS = 529
+# Hedgerow's OpenAI types whose status is not enough (a stream's error event has none).
+_ANTHROPIC_BY_TYPE = {
+    "invalid_request_error": "invalid_request_error",
+    "authentication_error": "authentication_error",
+    "permission_error": "permission_error",
+    "rate_limit_exceeded": "rate_limit_error",
+    "service_unavailable": "overloaded_error",
+}
+
+
+def anthropic_error_type(error_type: str, status: int | None = None) -> str:
+    """Anthropic's ``error.type`` for a Hedgerow error of ``error_type`` (and ``status``)."""
+    by_status = _ANTHROPIC_BY_STATUS.get(status) if status is not None else None
+    if by_status is not None:
+        return by_status
+    if status is not None and 400 <= status < 500:
+        return "invalid_request_error"  # 405, 408, 409, 410, 415: the request's fault
+    return _ANTHROPIC_BY_TYPE.get(error_type, "api_error")
+
+
+def anthropic_error_body(message: str, error_type: str,
+                         request_id: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": "error", "error": {"type": error_type, "message": message}}
+    if request_id is not None:
+        body["request_id"] = request_id
+    return body
+
+
+class AnthropicShaped(HedgerowError):
+    """``error`` as Anthropic's Messages API renders it: same meaning, headers
+    (``Retry-After``) and status, but 503 is 529 ``overloaded_error``."""
+
+    def __init__(self, error: HedgerowError, request_id: str | None = None) -> None:
+        super().__init__(error.message, code=error.code, param=error.param,
+                         retry_after=error.retry_after)
+        self.original = error
+        self.request_id = request_id
+        self.anthropic_type = anthropic_error_type(error.error_type, error.status)
+        self.status = (ANTHROPIC_OVERLOADED_STATUS if self.anthropic_type == "overloaded_error"
+                       else error.status)
+        self.error_type = error.error_type
+
+    def envelope(self) -> dict[str, Any]:
+        return anthropic_error_body(self.message, self.anthropic_type, self.request_id)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return self.original.headers()
+
+
+class EmbeddingsUnavailable(HedgerowError):
+    """The embedding model is not running, is loading, or its queue is full."""
+
+    status = 503
+    error_type = "service_unavailable"
+    default_code = "embeddings_unavailable"

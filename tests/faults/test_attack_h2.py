@@ -22,7 +22,8 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from hyperframe.frame import Frame
 
-from bench.attacks import GoodClientRun, flood, good_client_during
+from bench.attacks import (AttackOutcome, GoodClientRun, flood, good_client_during,
+                           window_update_flood)
 from gateway.h2_budget import H2Limits
 from tests.support.h2raw import RawH2, ServerSaid
 from tests.support.stack import Stack
@@ -185,6 +186,38 @@ def test_a_priority_flood_is_cut_before_hypercorns_tree_overflows(stack: Stack) 
         stack, lambda conn: [conn.priority(conn.new_stream()) for _ in range(20)]))
     _assert_cut(conn.said, elapsed)
     assert _cut_count(stack, "priority") == before + 1
+    _assert_served(good)
+
+
+WINDOW_FLOOD_S = 1.5  # new abusive connections, one after another, this long
+
+
+def test_a_window_update_flood_is_cut(stack: Stack) -> None:
+    # 1-byte WINDOW_UPDATEs that credit nothing ever used, on the connection
+    # (each wakes every stream waiting to send) and on an answered stream
+    # (h2 drops those without an event): cut at the first read past Envoy's
+    # ratio, 10 per DATA frame sent plus 10 for the connection and each stream.
+    # One connection is cut in ~0.1 s: new ones follow for WINDOW_FLOOD_S, so
+    # the good client is measured over more than a request or two.
+    assert LIMITS.max_window_updates_per_data_frame == 10
+    before = _cut_count(stack, "window_updates")
+
+    def attack() -> list[AttackOutcome]:
+        outcomes: list[AttackOutcome] = []
+        started = time.monotonic()
+        while not outcomes or time.monotonic() - started < WINDOW_FLOOD_S:
+            outcomes.append(window_update_flood(stack))
+        return outcomes
+
+    outcomes, good = good_client_during(stack, attack)
+    print(f"window updates: {len(outcomes)} connections, the last {outcomes[-1]}")
+    for outcome in outcomes:
+        assert outcome.goaway == "ENHANCE_YOUR_CALM" and outcome.details["closed"], outcome
+        assert outcome.cut_after_s is not None and outcome.cut_after_s < CUT_WITHIN_S, outcome
+        # Every batch the gateway let through was acknowledged (its PING): no
+        # more than the budget allowed; the batch that crossed it was refused.
+        assert outcome.got_through <= outcome.details["allowed"], outcome
+    assert _cut_count(stack, "window_updates") == before + len(outcomes)
     _assert_served(good)
 
 

@@ -30,7 +30,7 @@ import pytest
 
 from gateway.app import GatewayApp
 from gateway.dispatch import Dispatcher
-from hedgerow.actors import ActorRef
+from gateway.scheduling import SchedulerDoor
 from hedgerow.asgi import Message
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot
@@ -135,7 +135,7 @@ def test_sigterm_finishes_short_streams_and_ends_long_ones_with_an_error_event(
 @pytest.mark.anyio
 async def test_a_draining_app_is_not_ready_and_refuses_new_completions() -> None:
     app = GatewayApp(load_policy(DEFAULT_POLICY_PATH), LatestValue(RegistrySnapshot(version=0), -1),
-                     scheduler=cast(ActorRef, None), dispatcher=cast(Dispatcher, None))
+                     scheduler=cast(SchedulerDoor, None), dispatcher=cast(Dispatcher, None))
     app.drain.begin()
     status, headers, body = await _call(app, "GET", "/readyz")
     assert status == 503 and orjson.loads(body)["draining"] is True

@@ -19,7 +19,6 @@ import pytest
 
 from gateway.app import GatewayApp
 from gateway.cache import ResponseCache
-from gateway.tickets import Stats
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot
 from tests.integration.test_dispatch import make_policy, running
@@ -61,7 +60,7 @@ async def test_cache_hits_count_against_the_requests_rate() -> None:
             client = await gw.stream(request=REQUEST)
             await until(client.finished.is_set)
             clients.append(client)
-        stats = await gw.app.scheduler.ask(Stats())
+        stats = gw.app.scheduler.stats()
     assert [c.header("x-hedgerow-cache") for c in clients[:BURST]] == ["miss"] + [
         "exact"] * (BURST - 1)
     assert [c.status for c in clients] == [200] * BURST + [429]

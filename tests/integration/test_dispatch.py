@@ -1,7 +1,7 @@
-"""Tail control through the real scheduler actor and dispatcher, against in-memory workers.
+"""Tail control through the real scheduler and dispatcher, against in-memory workers.
 
-A real ``Supervisor`` runs a real ``SchedulerActor`` over a registry of fake
-workers; a real ``Dispatcher`` talks to them through ``WorkerClient`` with a
+A real ``Scheduler`` over a registry of fake workers, its clock task under a
+real ``Supervisor``; a real ``Dispatcher`` talks to them through ``WorkerClient`` with a
 ``gateway.worker_mock.MockTransport`` twin (``tests.support.fake_workers``) that streams
 OpenAI chunks with controlled delays and failures and records what reached
 each worker. ``Rig.serve`` does what the gateway app does for a streaming
@@ -32,10 +32,11 @@ from gateway.dispatch import Dispatcher
 from gateway.generation import Generation
 from gateway.relay import RelayOutcome, follow_log
 from gateway.stream_log import StreamLog
-from gateway.scheduler import SchedulerActor
-from gateway.tickets import Stats, Submit, Ticket, TicketDone, Withdraw
+from gateway.scheduler import Scheduler
+from gateway.scheduling import SchedulerClock, SchedulerDoor
+from gateway.tickets import Ticket
 from gateway.upstream import WorkerClient
-from hedgerow.actors import ActorRef, Supervisor
+from hedgerow.actors import ActorState, SupervisedChild, Supervisor
 from hedgerow.asgi import Message, Request
 from hedgerow.errors import NoHealthyWorker, UpstreamRejected
 from hedgerow.latest import LatestValue
@@ -136,12 +137,32 @@ class Served:
 # -- the rig --------------------------------------------------------------------
 
 
+class ClockTaskClock:
+    """The scheduler clock task's time; ``crash_next`` makes its next reading raise,
+    as a bug in a tick would."""
+
+    def __init__(self) -> None:
+        self.crash = False
+
+    def crash_next(self) -> None:
+        self.crash = True
+
+    def __call__(self) -> float:
+        if self.crash:
+            self.crash = False
+            raise RuntimeError("injected: the scheduler's clock task crashes")
+        return time.monotonic()
+
+
 @dataclass
 class Rig:
     policy: Policy
-    scheduler: ActorRef
+    scheduler: SchedulerDoor
     dispatcher: Dispatcher
     workers: FakeWorkers
+    directory: LatestValue[RegistrySnapshot]
+    clock: ClockTaskClock
+    clock_task: SupervisedChild
     _ids: Any = field(default_factory=itertools.count)
 
     def ticket(self, klass: str = "interactive", *, deadline_s: float | None = None) -> Ticket:
@@ -164,8 +185,15 @@ class Rig:
         return UpstreamCall(ticket.request_id, "/v1/chat/completions", orjson.dumps(body), MODEL)
 
     async def stats(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self.scheduler.ask(Stats())
-        return result
+        return self.scheduler.stats()
+
+    async def admitted(self, ticket: Ticket) -> bool:
+        """Submitted as the gateway does: True when assigned or queued, not refused."""
+        return not isinstance(await self.scheduler.submit(ticket), Refused)
+
+    def withdraw(self, ticket: Ticket) -> None:
+        """What the dispatcher does when the client leaves while the ticket waits."""
+        self.scheduler.scheduler.withdraw(ticket, time.monotonic())
 
     async def serve(self, ticket: Ticket) -> Served:
         """What ``GatewayApp`` does for one streaming request: a generation
@@ -208,9 +236,12 @@ async def running(policy: Policy, behaviours: dict[str, Behaviour],
     client = WorkerClient(policy.timeouts, transport=workers.transport())
     try:
         async with Supervisor() as supervisor:
-            scheduler = await supervisor.spawn(lambda: SchedulerActor(policy, directory),
-                                               name="scheduler", mailbox_size=1024)
-            yield Rig(policy, scheduler, Dispatcher(scheduler, client, policy), workers)
+            scheduler = Scheduler(policy, directory)
+            clock = ClockTaskClock()
+            clock_task = supervisor.run_service("scheduler-clock",
+                                                SchedulerClock(scheduler, clock=clock).run)
+            yield Rig(policy, SchedulerDoor(scheduler), Dispatcher(scheduler, client, policy),
+                      workers, directory, clock, clock_task)
     finally:
         await client.aclose()
 
@@ -222,7 +253,7 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 2.0) -> Non
 
 
 async def eventually_idle(rig: Rig) -> dict[str, Any]:
-    """Stats once nothing is in flight any more (reports are tells: let them land)."""
+    """Stats once nothing is in flight any more (the attempts ending in other tasks)."""
     with anyio.fail_after(2.0):
         while True:
             stats = await rig.stats()
@@ -319,7 +350,7 @@ async def test_client_leaving_during_a_hedged_race_cuts_off_both_workers() -> No
     slow = {"a": Behaviour(first_token_after_s=3.0), "b": Behaviour(first_token_after_s=3.0)}
     async with running(policy, slow) as rig:
         ticket = rig.ticket()
-        assert await rig.scheduler.ask(Submit(ticket)) is None
+        assert await rig.admitted(ticket)
         with anyio.move_on_after(0.2):
             await rig.dispatcher.first_token(ticket, rig.call(ticket))
         assert len(rig.workers.calls) == 2
@@ -340,7 +371,7 @@ async def test_client_leaving_as_the_first_token_arrives_leaks_nothing(
     never = Behaviour(hold=anyio.Event())
     async with running(policy, {"a": Behaviour(hold=release), "b": never}) as rig:
         ticket = rig.ticket()
-        assert await rig.scheduler.ask(Submit(ticket)) is None
+        assert await rig.admitted(ticket)
         got: list[Attempt] = []
         async with anyio.create_task_group() as tg:
             client = anyio.CancelScope()
@@ -358,7 +389,7 @@ async def test_client_leaving_as_the_first_token_arrives_leaks_nothing(
             client.cancel()
         for attempt in got:  # it got its attempt before leaving: the app closes it
             await attempt.aclose()
-            await rig.dispatcher.report(attempt.worker_id, "abandoned")
+            rig.dispatcher.report(attempt.worker_id, "abandoned")
         await eventually_idle(rig)
         assert all(call.hung_up and not call.completed for call in rig.workers.calls)
 
@@ -520,14 +551,14 @@ async def test_client_gone_while_its_retry_is_queued_withdraws_it() -> None:
             tg.start_soon(rig.serve, rig.ticket())
             await wait_until(lambda: len(rig.workers.calls_to("a")) == 1)
             gone = rig.ticket()
-            assert await rig.scheduler.ask(Submit(gone)) is None
+            assert await rig.admitted(gone)
             with anyio.move_on_after(0.2):  # fails on b, queued for a, then the client leaves
                 await rig.dispatcher.first_token(gone, rig.call(gone))
             assert (await rig.stats())["queued"][MODEL] == 0
-            # No TicketDone was sent, yet the tenant's slot is free again.
+            # No ticket_done was called, yet the tenant's slot is free again.
             nxt = rig.ticket()
-            assert await rig.scheduler.ask(Submit(nxt)) is None
-            await rig.scheduler.tell(Withdraw(nxt))
+            assert await rig.admitted(nxt)
+            rig.withdraw(nxt)
             hold.set()
         await eventually_idle(rig)
         assert [c.worker_id for c in rig.workers.calls_for(gone.request_id)] == ["b"]
@@ -678,8 +709,9 @@ async def test_ticket_still_queued_at_its_deadline_is_shed_not_run() -> None:
 
             tg.start_soon(serve_late)
             await queued_becomes(rig, 1)
-            refused = await rig.scheduler.ask(Submit(rig.ticket()))
-            assert refused is not None and (refused.status, refused.reason) == (429, "concurrency")
+            refused = await rig.scheduler.submit(rig.ticket())
+            assert isinstance(refused, Refused)
+            assert (refused.status, refused.reason) == (429, "concurrency")
             with anyio.fail_after(1):
                 await shed_task.wait()
             served = results[late.request_id]
@@ -689,19 +721,22 @@ async def test_ticket_still_queued_at_its_deadline_is_shed_not_run() -> None:
             assert rig.workers.calls_for(late.request_id) == []
             # Its hold on the tenant's concurrency went with it.
             after = rig.ticket()
-            assert await rig.scheduler.ask(Submit(after)) is None
-            await rig.scheduler.tell(Withdraw(after))
+            assert await rig.admitted(after)
+            rig.withdraw(after)
             hold.set()
         stats = await eventually_idle(rig)
         assert stats["counters"]["shed_deadline"] == 1
         assert stats["queued"][MODEL] == 0
 
 
-async def test_a_scheduler_crash_gives_queued_requests_a_prompt_retryable_503() -> None:
-    # Before: the rebuilt scheduler started with empty queues and the queued
-    # requests waited on their tickets forever.
+async def test_a_crash_of_the_scheduler_clock_task_loses_no_queued_request() -> None:
+    # Before, the scheduler was an actor: a crash lost its queues (first the queued
+    # requests waited forever, then each got a 503 scheduler_restarted). Now the
+    # queues live in the scheduler object, and the clock task only borrows it.
     hold = anyio.Event()
-    async with running(*one_slot(make_policy(), hold)) as rig:
+    policy, behaviours, records = one_slot(make_policy(hedging={"enabled": False}), hold)
+    behaviours["b"] = Behaviour()
+    async with running(policy, behaviours, records) as rig:
         results: dict[str, Served] = {}
         async with anyio.create_task_group() as tg:
             busy = rig.ticket()
@@ -711,20 +746,21 @@ async def test_a_scheduler_crash_gives_queued_requests_a_prompt_retryable_503() 
             for ticket in queued:
                 tg.start_soon(rig.serve_into, results, ticket)
             await queued_becomes(rig, 3)
-            crashed_at = anyio.current_time()
-            await rig.scheduler.tell(object())  # a bug in a tell: the actor crashes
-            await wait_until(lambda: all(t.request_id in results for t in queued), timeout=1.0)
+            rig.clock.crash_next()
+            await wait_until(lambda: rig.clock_task.restarts == 1
+                             and rig.clock_task.state is ActorState.RUNNING)
+            assert (await rig.stats())["queued"] == {MODEL: 3} and not results
+            # Worker b joins: only the restarted clock task can dispatch onto it (no
+            # attempt ends meanwhile), and it does, from the queue kept across the crash:
+            # all three are served while a is still busy.
+            rig.directory.publish(RegistrySnapshot(version=2, workers=(
+                *records, record("b", model=MODEL, slots=1))), 2)
+            await wait_until(lambda: all(t.request_id in results for t in queued), timeout=5.0)
             hold.set()
-        for ticket in queued:
-            served = results[ticket.request_id]
-            assert isinstance(served.error, NoHealthyWorker), served
-            assert (served.error.status, served.error.code) == (503, "scheduler_restarted")
-            assert served.error.headers() == [(b"retry-after", b"1")]
-            assert served.ended - crashed_at < 0.5
-            assert rig.workers.calls_for(ticket.request_id) == []
-        assert_served_fully(results[busy.request_id])  # the one on the worker ran on
-        await eventually_idle(rig)  # the rebuilt scheduler answers; nothing held
-        assert_served_fully(await rig.serve(rig.ticket()))
+        for ticket in [busy, *queued]:
+            assert_served_fully(results[ticket.request_id])
+        assert [c.worker_id for c in rig.workers.calls] == ["a", "b", "b", "b"]
+        await eventually_idle(rig)
 
 
 async def test_admission_refusals_are_immediate_and_never_reach_a_worker() -> None:
@@ -789,15 +825,15 @@ async def test_client_gone_while_queued_withdraws_the_ticket() -> None:
             tg.start_soon(rig.serve, rig.ticket())
             await wait_until(lambda: len(rig.workers.calls) == 1)
             gone = rig.ticket()
-            assert await rig.scheduler.ask(Submit(gone)) is None
+            assert await rig.admitted(gone)
             with anyio.move_on_after(0.1):  # the client leaves while queued
                 await rig.dispatcher.first_token(gone, rig.call(gone))
             stats = await rig.stats()
             assert stats["queued"][MODEL] == 0
-            # No TicketDone was sent, yet the tenant's slot is free again.
+            # No ticket_done was called, yet the tenant's slot is free again.
             nxt = rig.ticket()
-            assert await rig.scheduler.ask(Submit(nxt)) is None
-            await rig.scheduler.tell(Withdraw(nxt))
+            assert await rig.admitted(nxt)
+            rig.withdraw(nxt)
             hold.set()
         await eventually_idle(rig)
         assert rig.workers.calls_for(gone.request_id) == []
@@ -808,12 +844,12 @@ async def test_client_gone_just_as_its_worker_was_assigned_frees_the_slot() -> N
     async with running(make_policy(), {"a": Behaviour()},
                        records=[record("a", model=MODEL, slots=1)]) as rig:
         gone = rig.ticket()
-        assert await rig.scheduler.ask(Submit(gone)) is None  # assigned at once
+        assert await rig.admitted(gone)  # assigned at once
         assert (await rig.stats())["inflight"] == {"a": 1}
         with anyio.CancelScope() as scope:
             scope.cancel()  # the client has already left when the dispatcher looks
             await rig.dispatcher.first_token(gone, rig.call(gone))
-        await rig.scheduler.tell(TicketDone(gone, 0))
+        await rig.scheduler.ticket_done(gone, 0)
         await eventually_idle(rig)
         assert rig.workers.calls == []
         served = await rig.serve(rig.ticket())  # the only slot is usable again

@@ -123,7 +123,8 @@ def test_a_pinned_policy_is_served_without_the_control_plane(pinned: Stack) -> N
     with _client(pinned) as http:
         models = http.get("/v1/models")
         assert models.status_code == 200
-        assert [m["id"] for m in models.json()["data"]] == [MODEL]
+        # The chat model, and the embedding model the gateway runs (/v1/embeddings).
+        assert [m["id"] for m in models.json()["data"]] == [MODEL, "all-minilm-l6-v2"]
         # Admitted under the pinned policy; only the workers are missing.
         refused = http.post("/v1/chat/completions", json={**CHAT, "model": MODEL})
         assert refused.status_code == 503

@@ -17,8 +17,8 @@ from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
 from gateway.generation import Generation
 from gateway.stream_log import StreamLog
-from gateway.tickets import Ticket
-from hedgerow.actors import ActorRef
+from gateway.scheduling import SchedulerDoor
+from gateway.tickets import QUEUED, Queued, Ticket
 from hedgerow.asgi import Message
 from hedgerow.sse import SseEvent
 
@@ -107,12 +107,12 @@ TOKEN = orjson.dumps({"choices": [{"index": 0, "delta": {"content": "hi"}}]}).de
 
 
 class _Admits:
-    """The scheduler's side of a generation: every ticket admitted."""
+    """The scheduler's side of a generation: every ticket admitted (queued)."""
 
-    async def ask(self, message: object) -> None:
-        return None
+    async def submit(self, ticket: object) -> Queued:
+        return QUEUED
 
-    async def tell(self, message: object) -> None:
+    async def ticket_done(self, ticket: object, actual_tokens: int) -> None:
         pass
 
 
@@ -142,7 +142,7 @@ class _OneWorker:
     async def first_token(self, ticket: object, call: object) -> _Attempt:
         return _Attempt()
 
-    async def report(self, worker_id: str, result: str) -> None:
+    def report(self, worker_id: str, result: str) -> None:
         pass
 
 
@@ -155,7 +155,7 @@ async def test_a_generation_ending_first_at_the_cut_still_ends_with_gateway_drai
     only writer, so it always ends first: no timing is involved."""
     drain = Drain()
     stream = StreamLog("r1", "tenant", 1 << 20)
-    generation = Generation(cast(ActorRef, _Admits()), cast(Dispatcher, _OneWorker()), stream,
+    generation = Generation(cast(SchedulerDoor, _Admits()), cast(Dispatcher, _OneWorker()), stream,
                             cast(Ticket, None), cast(UpstreamCall, None))
     cut: list[InFlight] = []
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.scheduler import SchedulerActor
-from gateway.tickets import Submit, Ticket
+from gateway.scheduler import Scheduler
+from gateway.tickets import QUEUED, Assigned, Ticket
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerLoad, WorkerRecord, WorkerRegistration
 from policies.locality import (
@@ -208,13 +208,13 @@ def record(wid: str, pop: str) -> WorkerRecord:
         load=WorkerLoad(tokens_per_s=100.0 if pop == "fra" else 10.0), lease_expires_in_s=3.0)
 
 
-def scheduler(rtt_ms: float) -> SchedulerActor:
+def scheduler(rtt_ms: float) -> Scheduler:
     policy = Policy.model_validate({"topology": {
         "pops": [{"name": "ams", "region": "eu"}, {"name": "fra", "region": "eu"}],
         "rtt_ms": {"ams": {"fra": rtt_ms}}}})
     directory = LatestValue(RegistrySnapshot(version=1, workers=(
         record("ams-1", "ams"), record("fra-1", "fra"))), 1)
-    return SchedulerActor(policy, directory, pop="ams")
+    return Scheduler(policy, directory, pop="ams")
 
 
 def ticket(n: int) -> Ticket:
@@ -227,16 +227,16 @@ def ticket(n: int) -> Ticket:
 async def test_gateway_serves_in_its_pop_and_spills_only_when_waiting_costs_more() -> None:
     near = scheduler(rtt_ms=20)  # a slot takes ~1 s (the first estimate): spill
     first, second = ticket(1), ticket(2)
-    assert await near.receive(Submit(first)) is None
-    assert await near.receive(Submit(second)) is None
+    assert isinstance(near.submit(first, time.monotonic()), Assigned)
+    assert isinstance(near.submit(second, time.monotonic()), Assigned)
     assert first.assignment.worker is not None and second.assignment.worker is not None
     assert first.assignment.worker.registration.worker_id == "ams-1"
     assert second.assignment.worker.registration.worker_id == "fra-1"
 
     far = scheduler(rtt_ms=5000)  # the WAN costs more than waiting: hold for ams-1
     first, second = ticket(1), ticket(2)
-    await far.receive(Submit(first))
-    await far.receive(Submit(second))
+    assert isinstance(far.submit(first, time.monotonic()), Assigned)
+    assert far.submit(second, time.monotonic()) is QUEUED
     assert first.assignment.worker is not None
     assert first.assignment.worker.registration.worker_id == "ams-1"
     assert not second.assignment.settled

@@ -1,8 +1,8 @@
 """A retry with no free worker waits in its queue (sans-IO: the scheduler driven by hand).
 
 ``policies.scoring.retry_exclusions`` decides which workers a retry may not
-be given; the scheduler actor's ``receive``/``on_tick`` are called directly
-with an injected clock, so each test reads as a sequence of events and the
+be given; the scheduler's methods and ``tick`` are called directly with the
+time passed in, so each test reads as a sequence of events and the
 assignment the ticket got (or the error it was refused with).
 """
 
@@ -14,16 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.scheduler import SchedulerActor
-from gateway.tickets import (
-    REQUEUED,
-    AttemptDone,
-    Reroute,
-    Stats,
-    Submit,
-    Ticket,
-    Withdraw,
-)
+from gateway.scheduler import Scheduler
+from gateway.tickets import QUEUED, REQUEUED, Assigned, Ticket
 from hedgerow.errors import NoHealthyWorker
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerLoad, WorkerRecord, WorkerRegistration
@@ -79,13 +71,13 @@ def worker(wid: str) -> WorkerRecord:
         load=WorkerLoad(), lease_expires_in_s=30.0)
 
 
-def scheduler(clock: Clock, *wids: str, failures_to_open: int = 3) -> SchedulerActor:
+def scheduler(*wids: str, failures_to_open: int = 3) -> Scheduler:
     policy = Policy.model_validate({
         "scheduling": {"slo_admission": False},
         "hedging": {"budget_ratio": 1.0},
         "breaker": {"failures_to_open": failures_to_open}})
     directory = LatestValue(RegistrySnapshot(version=1, workers=tuple(map(worker, wids))), 1)
-    return SchedulerActor(policy, directory, clock=clock)
+    return Scheduler(policy, directory)
 
 
 def ticket(name: str, clock: Clock, *, deadline_s: float = 30.0) -> Ticket:
@@ -101,54 +93,51 @@ def got(t: Ticket) -> str | None:
     return None if record is None else record.registration.worker_id
 
 
-async def submitted(s: SchedulerActor, t: Ticket) -> str | None:
-    assert await s.receive(Submit(t)) is None
+def submitted(s: Scheduler, t: Ticket, now: float) -> str | None:
+    decision = s.submit(t, now)
+    assert decision is QUEUED or isinstance(decision, Assigned), decision
+    assert (decision is QUEUED) == (got(t) is None)  # the answer says what the ticket got
     return got(t)
 
 
-async def failed_on(s: SchedulerActor, t: Ticket, *tried: str) -> Any:
+def failed_on(s: Scheduler, t: Ticket, now: float, *tried: str) -> Any:
     """The last of ``tried`` failed ``t`` before its first token: ask for a retry."""
-    await s.receive(AttemptDone(tried[-1], "failure"))
-    return await s.receive(Reroute(t, tried, hedge=False))
-
-
-async def stats(s: SchedulerActor) -> dict[str, Any]:
-    result: dict[str, Any] = await s.receive(Stats())
-    return result
+    s.attempt_done(tried[-1], "failure", now)
+    return s.reroute(t, tried, False, now)
 
 
 @pytest.mark.anyio
 async def test_a_retry_with_every_other_worker_busy_waits_for_the_next_free_one() -> None:
     clock = Clock()
-    s = scheduler(clock, "a", "b")
-    assert await submitted(s, ticket("busy", clock)) == "a"
+    s = scheduler("a", "b")
+    assert submitted(s, ticket("busy", clock), clock.now) == "a"
     clock.now += 0.1
     retried = ticket("retried", clock)
-    assert await submitted(s, retried) == "b"
-    assert await failed_on(s, retried, "b") is REQUEUED
-    assert (await stats(s))["queued"] == {"m": 1} and not retried.assignment.settled
+    assert submitted(s, retried, clock.now) == "b"
+    assert failed_on(s, retried, clock.now, "b") is REQUEUED
+    assert s.stats(clock.now)["queued"] == {"m": 1} and not retried.assignment.settled
     clock.now += 0.1
-    await s.on_tick()
+    s.tick(clock.now)
     assert got(retried) is None  # b is free, but it just failed this request
     # A fresh request may have b meanwhile: the retry does not hold up the queue.
     clock.now += 0.1
-    assert await submitted(s, ticket("fresh", clock)) == "b"
+    assert submitted(s, ticket("fresh", clock), clock.now) == "b"
     later = ticket("later", clock)  # due after the retry (it arrived later)
-    assert await submitted(s, later) is None
-    await s.receive(AttemptDone("a", "success"))
+    assert submitted(s, later, clock.now) is None
+    s.attempt_done("a", "success", clock.now)
     assert got(retried) == "a" and got(later) is None  # EDF: the retry kept its due time
-    counters = (await stats(s))["counters"]
+    counters = s.stats(clock.now)["counters"]
     assert counters["retries"] == 1 and counters["retries_queued"] == 1
 
 
 @pytest.mark.anyio
 async def test_a_retry_never_waits_for_the_worker_that_just_failed() -> None:
     clock = Clock()
-    s = scheduler(clock, "a")
+    s = scheduler("a")
     only = ticket("only", clock)
-    assert await submitted(s, only) == "a"
-    assert await failed_on(s, only, "a") is None  # 503 at once, as before
-    current = await stats(s)
+    assert submitted(s, only, clock.now) == "a"
+    assert failed_on(s, only, clock.now, "a") is None  # 503 at once, as before
+    current = s.stats(clock.now)
     assert current["queued"] == {"m": 0} and current["inflight"] == {}
     assert current["counters"]["reroute_no_worker"] == 1
 
@@ -158,14 +147,14 @@ async def test_a_retry_never_waits_for_the_worker_that_just_failed() -> None:
 async def test_when_only_tried_workers_are_healthy_an_earlier_one_may_take_the_retry(
         failures_to_open: int, retried_on: str | None) -> None:
     clock = Clock()
-    s = scheduler(clock, "a", "b", failures_to_open=failures_to_open)
+    s = scheduler("a", "b", failures_to_open=failures_to_open)
     t = ticket("t", clock)
-    assert await submitted(s, t) == "a"
-    assert got_worker(await failed_on(s, t, "a")) == "b"  # b was free: retried at once
+    assert submitted(s, t, clock.now) == "a"
+    assert got_worker(failed_on(s, t, clock.now, "a")) == "b"  # b was free: retried at once
     # b fails too. a failed once: with its breaker still closed it may have the request
     # again (not twice in a row); with its breaker open nothing healthy is left.
-    assert got_worker(await failed_on(s, t, "a", "b")) == retried_on
-    assert (await stats(s))["queued"] == {"m": 0}
+    assert got_worker(failed_on(s, t, clock.now, "a", "b")) == retried_on
+    assert s.stats(clock.now)["queued"] == {"m": 0}
 
 
 def got_worker(reply: Any) -> str | None:
@@ -176,18 +165,18 @@ def got_worker(reply: Any) -> str | None:
 @pytest.mark.anyio
 async def test_a_queued_retry_is_shed_at_its_deadline_like_any_queued_request() -> None:
     clock = Clock()
-    s = scheduler(clock, "a", "b")
-    assert await submitted(s, ticket("busy", clock)) == "a"
+    s = scheduler("a", "b")
+    assert submitted(s, ticket("busy", clock), clock.now) == "a"
     retried = ticket("retried", clock, deadline_s=0.5)
-    assert await submitted(s, retried) == "b"
-    assert await failed_on(s, retried, "b") is REQUEUED
+    assert submitted(s, retried, clock.now) == "b"
+    assert failed_on(s, retried, clock.now, "b") is REQUEUED
     clock.now += 0.5
-    await s.on_tick()
+    s.tick(clock.now)
     with pytest.raises(NoHealthyWorker) as shed:
         await retried.assignment.wait()
     assert (shed.value.status, shed.value.code) == (503, "deadline_exceeded")
-    await s.receive(AttemptDone("a", "success"))
-    current = await stats(s)
+    s.attempt_done("a", "success", clock.now)
+    current = s.stats(clock.now)
     assert current["queued"] == {"m": 0} and current["inflight"] == {}
     assert current["counters"]["shed_deadline"] == 1
 
@@ -195,26 +184,26 @@ async def test_a_queued_retry_is_shed_at_its_deadline_like_any_queued_request() 
 @pytest.mark.anyio
 async def test_a_client_leaving_while_its_retry_is_queued_withdraws_it() -> None:
     clock = Clock()
-    s = scheduler(clock, "a", "b")
-    assert await submitted(s, ticket("busy", clock)) == "a"
+    s = scheduler("a", "b")
+    assert submitted(s, ticket("busy", clock), clock.now) == "a"
     gone = ticket("gone", clock)
-    assert await submitted(s, gone) == "b"
-    assert await failed_on(s, gone, "b") is REQUEUED
-    await s.receive(Withdraw(gone))
-    await s.receive(AttemptDone("a", "success"))
+    assert submitted(s, gone, clock.now) == "b"
+    assert failed_on(s, gone, clock.now, "b") is REQUEUED
+    s.withdraw(gone, clock.now)
+    s.attempt_done("a", "success", clock.now)
     assert got(gone) is None
-    current = await stats(s)
+    current = s.stats(clock.now)
     assert current["queued"] == {"m": 0} and current["inflight"] == {}
 
 
 @pytest.mark.anyio
 async def test_a_hedge_with_no_free_worker_is_refused_never_queued() -> None:
     clock = Clock()
-    s = scheduler(clock, "a", "b")
-    assert await submitted(s, ticket("busy", clock)) == "a"
+    s = scheduler("a", "b")
+    assert submitted(s, ticket("busy", clock), clock.now) == "a"
     slow = ticket("slow", clock)
-    assert await submitted(s, slow) == "b"
-    assert await s.receive(Reroute(slow, ("b",), hedge=True)) is None
-    current = await stats(s)
+    assert submitted(s, slow, clock.now) == "b"
+    assert s.reroute(slow, ("b",), True, clock.now) is None
+    current = s.stats(clock.now)
     assert current["queued"] == {"m": 0} and got(slow) == "b"  # its first worker, still
     assert current["counters"]["reroute_no_worker"] == 1

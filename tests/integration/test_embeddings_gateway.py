@@ -1,0 +1,121 @@
+"""``POST /v1/embeddings`` through the real gateway app: tenancy, limits, admission, metrics.
+
+The embedder is an in-memory twin (vectors from the text's length); the
+tokenizer is the model's real ``tokenizer.json``, so the window check and the
+usage counts are the ones a client gets from the real gateway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import numpy as np
+import orjson
+import pytest
+
+from gateway.app import GatewayApp
+from gateway.cache import ResponseCache
+from hedgerow.latest import LatestValue
+from hedgerow.wire import RegistrySnapshot
+from policies.schema import hash_api_key
+from tests.integration.test_dispatch import make_policy, running
+from tests.integration.test_resumable_streams import until
+from tests.support.asgi_client import Client, Gateway
+from tests.support.fake_workers import Behaviour
+
+pytestmark = pytest.mark.anyio
+
+TENANTS = [{"name": "t", "class": "interactive",
+            "limits": {"requests_per_s": 0.01, "requests_burst": 2}},  # no refill in a test
+           {"name": "u", "class": "interactive", "api_key_sha256": [hash_api_key("key-u")]}]
+
+
+class LengthEmbedder:
+    dim = 384
+
+    def __init__(self, ready: bool = True) -> None:
+        self.ready = ready
+        self.texts: list[str] = []
+
+    async def embed(self, text: str) -> np.ndarray:
+        self.texts.append(text)
+        vector = np.zeros(self.dim, dtype=np.float32)
+        vector[len(text) % self.dim] = 1.0
+        return vector
+
+
+@asynccontextmanager
+async def gateway(embedder: LengthEmbedder) -> AsyncIterator[Gateway]:
+    policy = make_policy(tenants=TENANTS, hedging={"enabled": False},
+                         cache={"enabled": True, "semantic": {"enabled": False}})
+    async with running(policy, {"a": Behaviour()}) as rig:
+        cache = ResponseCache(policy, embedder=embedder)
+        app = GatewayApp(policy, LatestValue(RegistrySnapshot(version=0)), rig.scheduler,
+                         rig.dispatcher, cache=cache)
+        async with anyio.create_task_group() as tg:
+            yield Gateway(app, rig.workers, tg)
+            tg.cancel_scope.cancel()
+
+
+async def embed(gw: Gateway, headers: list[tuple[bytes, bytes]] | None = None,
+                **fields: Any) -> Client:
+    body = orjson.dumps({"model": "all-minilm-l6-v2", "input": ["a cat", "dog"], **fields})
+    client = gw.start(Client("POST", "/v1/embeddings", body, headers=[
+        (b"content-type", b"application/json"), *(headers or [])]))
+    await until(client.finished.is_set, timeout=30)
+    return client
+
+
+async def test_each_text_gets_its_vector_in_order_with_the_models_token_counts() -> None:
+    embedder = LengthEmbedder()
+    async with gateway(embedder) as gw:
+        client = await embed(gw)
+        metrics = await gw.app.render_metrics()
+    assert client.status == 200 and client.header("x-request-id")
+    answer = client.json()
+    assert [d["index"] for d in answer["data"]] == [0, 1] and answer["model"] == "all-minilm-l6-v2"
+    assert [int(np.argmax(d["embedding"])) for d in answer["data"]] == [5, 3]
+    # [CLS] a cat [SEP] and [CLS] dog [SEP]
+    assert answer["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
+    assert embedder.texts == ["a cat", "dog"]
+    assert ('hedgerow_requests_total{class="interactive",model="all-minilm-l6-v2",status="200"} '
+            '1.0') in metrics.decode()
+
+
+async def test_a_text_longer_than_the_window_is_a_400_before_any_embedding() -> None:
+    embedder = LengthEmbedder()
+    async with gateway(embedder) as gw:
+        client = await embed(gw, input=["short", "word " * 300])
+    assert client.status == 400 and embedder.texts == []
+    assert (client.json()["error"]["code"], client.json()["error"]["param"]) == (
+        "input_too_long", "input.1")
+
+
+async def test_the_tenants_requests_rate_applies() -> None:
+    async with gateway(LengthEmbedder()) as gw:
+        statuses = [(await embed(gw)).status for _ in range(3)]
+    assert statuses == [200, 200, 429]
+
+
+@pytest.mark.parametrize("headers, model, status, code", [
+    ([(b"authorization", b"Bearer wrong")], "all-minilm-l6-v2", 401, "invalid_api_key"),
+    ([(b"authorization", b"Bearer key-u")], "all-MiniLM-L6-v2", 200, None),
+    ([], "text-embedding-3-small", 404, "model_not_found"),
+])
+async def test_keys_and_models(headers: list[tuple[bytes, bytes]], model: str, status: int,
+                               code: str | None) -> None:
+    async with gateway(LengthEmbedder()) as gw:
+        client = await embed(gw, headers, model=model)
+    assert client.status == status
+    if code is not None:
+        assert client.json()["error"]["code"] == code
+
+
+async def test_an_embedder_that_is_not_running_is_a_503_to_retry() -> None:
+    async with gateway(LengthEmbedder(ready=False)) as gw:
+        client = await embed(gw)
+    assert client.status == 503 and client.header("retry-after") == "1"
+    assert client.json()["error"]["code"] == "embeddings_unavailable"
