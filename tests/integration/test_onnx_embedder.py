@@ -114,3 +114,16 @@ def test_export_model_into_an_unwritable_place_fails_with_the_reason(tmp_path: P
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("hedgerow cache export-model:") and "not-a-directory" in last
+
+
+def test_the_embeddings_route_counts_tokens_with_the_exports_tokenizer_or_says_503(
+        exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.embeddings import load_tokenizer
+    from hedgerow.errors import EmbeddingsUnavailable
+
+    monkeypatch.setenv(CACHE_ENV, str(exported.parent))
+    # [CLS] how far is 5 km in miles ? [SEP]
+    assert len(load_tokenizer().encode("How far is 5 km in miles?").ids) == 10
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # no export: unavailable, not a crash
+    with pytest.raises(EmbeddingsUnavailable, match="hedgerow cache export-model"):
+        load_tokenizer()
