@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -24,7 +24,9 @@ from control_plane.trust_service import (ADMIN_CERT_TTL, DEFAULT_CERT_TTL_S, SER
                                          SERVING_RENEW_BEFORE, TrustService, serving_names)
 from control_plane.upstream_api import start_upstream_service
 from hedgerow.actors import Supervisor
+from hedgerow.connection_cap import fit_file_limit
 from hedgerow.latest import LatestValue
+from hedgerow.listener_limits import INTERNAL, JOIN, ListenerLimits
 from hedgerow.redis_conn import RedisTls
 from hedgerow.serving import serve_internal
 from hedgerow.trust.credentials import Credentials, TlsContexts
@@ -70,12 +72,16 @@ async def run_control_plane(
     redis_tls: RedisTls = RedisTls(),
     admin_port: int | None = None,
     admin_host: str = LOOPBACK,
+    internal_limits: ListenerLimits = INTERNAL,
+    join_limits: ListenerLimits = JOIN,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """``admin_token``: required by the admin API; without one, the listener
     that serves it is on loopback only. ``metrics_token``: opens ``/metrics``
     (served with the admin API) and nothing else. ``admin_port``: serve the admin API
     there (on ``admin_host``) and nowhere else; None: on ``port`` with the rest.
+    ``internal_limits``, ``join_limits``: connection limits of the main (``port``)
+    and join listeners, applied at accept over TLS (``hedgerow.listener_limits``).
     Reports the main port on start."""
     trust, contexts = _open_trust(trust_options, host, admin_host)
     if trust is None:  # plain HTTP: without a token the admin API stays on loopback
@@ -112,15 +118,23 @@ async def run_control_plane(
                               policy_api, upstream_api, AdminGuard(admin_token, metrics_token),
                               admin_listener=admin_port is not None, trust=trust)
         scheme = "http" if server_tls is None else "https"
+        # The open-file limit raised to hold the cap (the join listener's small
+        # one fits in fit_file_limit's reserve), or the cap lowered to fit it.
+        fitted = fit_file_limit(internal_limits.max_connections)
+        internal_limits = replace(internal_limits, max_connections=fitted)
         async with anyio.create_task_group() as tg:
-            bound = await tg.start(partial(serve_internal, tls=server_tls),
-                                   app, host, port, shutdown)
+            bound = await tg.start(partial(
+                serve_internal, tls=server_tls, connection_cap=internal_limits.cap(),
+                handshake_timeout_s=internal_limits.handshake_timeout_s),
+                app, host, port, shutdown)
             log.info("control plane listening on %s://%s:%d%s", scheme, host, bound,
                      " (mutual TLS)" if server_tls else "")
             if trust is not None and app.trust_api is not None and contexts is not None:
-                joined = await tg.start(partial(serve_internal, tls=contexts.server(
-                    require_client_cert=False)), app.trust_api.join_app(), host,
-                    trust_options.join_port, shutdown)
+                joined = await tg.start(partial(
+                    serve_internal, tls=contexts.server(require_client_cert=False),
+                    connection_cap=join_limits.cap("join-"),
+                    handshake_timeout_s=join_limits.handshake_timeout_s),
+                    app.trust_api.join_app(), host, trust_options.join_port, shutdown)
                 log.info("control plane join API listening on https://%s:%d", host, joined)
                 tg.start_soon(_keep_serving_certificate, trust, contexts, trust_options,
                               host, admin_host, shutdown)

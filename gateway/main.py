@@ -16,10 +16,10 @@ from gateway.admin import GatewayAdmin
 from gateway.app import GatewayApp
 from gateway.cache import ResponseCache
 from gateway.cert_reload import DEFAULT_POLL_S, CertificateReloader
-from gateway.connection_cap import DEFAULT_MAX_CONNECTIONS, ConnectionCap, fit_file_limit
+from hedgerow.connection_cap import DEFAULT_MAX_CONNECTIONS, ConnectionCap, fit_file_limit
 from gateway.cors import CorsMiddleware
 from gateway.security_headers import SecurityHeaders
-from gateway.source_limits import SourceLimits, SourceLimitsConfig
+from hedgerow.source_limits import SourceLimits, SourceLimitsConfig
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain
 from gateway.devcert import ensure_dev_certificate
@@ -97,7 +97,7 @@ class GatewayOptions:
     max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION
     h2_limits: H2Limits = H2Limits()
     # Per client IP and /24 (IPv6: /64), checked at accept before the cap above:
-    # open connections and new connections per second (``gateway.source_limits``).
+    # open connections and new connections per second (``hedgerow.source_limits``).
     source_limits: SourceLimitsConfig = field(default_factory=SourceLimitsConfig)
     # How often the public certificate and key are checked for a change (and
     # reloaded); 0: only on SIGHUP.

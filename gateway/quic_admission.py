@@ -57,8 +57,8 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from gateway.connection_cap import ConnectionCap
-from gateway.source_limits import SourceLimits
+from hedgerow.connection_cap import ConnectionCap
+from hedgerow.source_limits import SourceLimits
 
 Address = tuple[Any, ...]  # (host, port, ...) as asyncio reports a datagram's source
 

@@ -96,7 +96,7 @@ from hypercorn.protocol.events import Body, EndBody
 from hypercorn.protocol.h3 import H3Protocol
 from hypercorn.protocol.quic import QuicProtocol, _Connection
 
-from gateway.connection_cap import log_refusals
+from hedgerow.connection_cap import log_refusals
 from gateway.quic_admission import Address, QuicFrontDoor, QuicLimits, Verdict
 
 log = logging.getLogger("hedgerow.gateway.quic")

@@ -52,7 +52,7 @@ from hypercorn.utils import wrap_app
 
 from gateway.cert_reload import (ACTIVE_CERTIFICATES, CertificateReloader,
                                  install_quic_certificate_registry, register_tls_context)
-from gateway.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
+from hedgerow.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
 from gateway.h2_budget import H2Limits
 from gateway.h2_guard import install_h2_guard
 from gateway.quic_admission import QuicFrontDoor, QuicLimits
@@ -217,7 +217,7 @@ async def serve(
     """Serve ``app`` until ``shutdown_trigger()`` returns, then drain and return.
 
     Reports the bound port through ``task_status``. With ``connection_cap``,
-    TCP connections beyond its limit are closed at accept (``gateway.connection_cap``).
+    TCP connections beyond its limit are closed at accept (``hedgerow.connection_cap``).
     ``quic_door`` bounds QUIC handshakes (Retry, half-open caps and timeout,
     HTTP/3 header limits: ``gateway.quic_cap``); without one, a cap alone
     gets the default limits. Cancelling ``serve`` also

@@ -203,6 +203,9 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
                     help="another DNS name or IP clients reach it by (repeatable)")
     cp.add_argument("--insecure-internal", action="store_true",
                     help="DEBUG ONLY: plain HTTP, and every caller believed")
+    from hedgerow.listener_limits import add_listener_limit_options  # light: no I/O
+
+    add_listener_limit_options(cp)
     cp.set_defaults(run=_run_control_plane)
 
 
@@ -328,7 +331,7 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="override one per-connection HTTP/2 flood budget, e.g. "
                          "pings_per_s=20 (repeatable; names and defaults: docs/security.md, "
                          "'Front door: HTTP/2')")
-    from gateway.source_limits import BURST_S, SourceLimitsConfig  # light: no I/O, no deps
+    from hedgerow.source_limits import BURST_S, SourceLimitsConfig  # light: no I/O, no deps
 
     limits = SourceLimitsConfig()
     gw.add_argument("--max-connections-per-ip", type=int, default=limits.max_open_per_ip,
@@ -618,12 +621,21 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     trust = TrustOptions(state_dir=args.state_dir, join_port=args.join_port,
                          ca_cert=args.ca_cert, ca_key=args.ca_key, cert_ttl_s=args.cert_ttl_s,
                          tls_sans=tuple(args.tls_san), insecure=args.insecure_internal)
+    from hedgerow.listener_limits import listener_limits
+
+    try:
+        internal_limits, join_limits = listener_limits(
+            args, _networks(args.connection_limits_exempt))
+    except ValueError as error:
+        print(f"hedgerow: connection limits: {error}", file=sys.stderr)
+        return 2
     return _run_reporting_setup_errors(lambda: run_until_signalled(
         lambda shutdown: run_control_plane(
             args.host, args.port, shutdown, trust_options=trust, lease_s=args.lease_s,
             policy_file=policy_file, policy_dir=args.policy_dir, admin_token=admin_token,
             metrics_token=metrics_token, redis_url=args.redis, redis_tls=_redis_tls(args), admin_port=args.admin_port,
-            admin_host=args.admin_host)))
+            admin_host=args.admin_host, internal_limits=internal_limits,
+            join_limits=join_limits)))
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
@@ -658,7 +670,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if not args.certificate_poll_s >= 0:
         print("hedgerow: --certificate-poll-s must be 0 or more", file=sys.stderr)
         return 1
-    from gateway.source_limits import SourceLimitsConfig
+    from hedgerow.source_limits import SourceLimitsConfig
 
     try:
         source_limits = SourceLimitsConfig(

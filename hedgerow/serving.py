@@ -7,6 +7,12 @@ connection without a certificate from the cluster CA is refused in the
 handshake; plain HTTP only when ``tls`` is None (``--insecure-internal``).
 Binding the socket ourselves lets callers ask for port 0 and learn the real
 port before clients are told about it.
+
+With a ``connection_cap`` (the control plane's listeners:
+``hedgerow.listener_limits``) connections are admitted as on the gateway's
+public port: per-client limits, then the cap, at accept and before any TLS
+byte (``hedgerow.connection_cap``); over TLS only (``--insecure-internal`` is
+a debugging mode and stays unbounded).
 """
 
 from __future__ import annotations
@@ -18,14 +24,20 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 from anyio.abc import TaskStatus
+import hypercorn.asyncio.run
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from hedgerow.asgi import Receive, Scope, Send
+from hedgerow.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
 from hedgerow.hypercorn_eof import install_eof_fix
 from hedgerow.trust.peer import install_peer_capture
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
+DEFAULT_HANDSHAKE_TIMEOUT_S = 5.0
+# Connections the kernel completed wait here for the accept loop, which
+# refuses at once what is over the limits: this only absorbs bursts.
+ACCEPT_BACKLOG = 1024
 
 
 def bind_tcp(host: str, port: int) -> socket.socket:
@@ -73,14 +85,26 @@ async def serve_internal(
     shutdown: anyio.Event,
     *,
     tls: ssl.SSLContext | None = None,
+    connection_cap: ConnectionCap | None = None,
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` until ``shutdown`` is set; report the bound port on start."""
+    """Serve ``app`` until ``shutdown`` is set; report the bound port on start.
+    ``connection_cap``: admit connections through it (TLS only)."""
     install_eof_fix()
     install_peer_capture()
+    # Hypercorn's worker opens its listeners with ``asyncio.start_server``; this
+    # one applies the cap in ``ACTIVE_CAP`` (none: it is start_server itself).
+    # The gateway's transport installs the same (idempotent: one shared object).
+    if not isinstance(hypercorn.asyncio.run.asyncio, HypercornAsyncio):
+        hypercorn.asyncio.run.asyncio = HypercornAsyncio()  # type: ignore[assignment,attr-defined]
+    # A context variable: set in this task, seen by the hypercorn worker it
+    # runs, and by no other listener (each is served in a task of its own).
+    ACTIVE_CAP.set(connection_cap)
     sock = bind_tcp(host, port)
     bound_port = int(sock.getsockname()[1])
     config = internal_config(sock, tls=tls)
-    config.ssl_handshake_timeout = 5.0
+    config.ssl_handshake_timeout = handshake_timeout_s
+    config.backlog = ACCEPT_BACKLOG
     task_status.started(bound_port)
     await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]

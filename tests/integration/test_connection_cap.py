@@ -19,7 +19,7 @@ import httpx
 import pytest
 from anyio.abc import SocketStream
 
-from gateway.connection_cap import ConnectionCap
+from hedgerow.connection_cap import ConnectionCap
 from gateway.devcert import DevCertificate, ensure_dev_certificate
 from gateway.transport import build_config, serve
 from tests.integration.test_transport import _fetch_over_tls, client_context, streaming_app

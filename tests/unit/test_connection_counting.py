@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client.exposition import generate_latest
 
-from gateway import connection_cap
-from gateway.connection_cap import FD_RESERVE, ConnectionCap, fit_file_limit
+from hedgerow import connection_cap
+from hedgerow.connection_cap import FD_RESERVE, ConnectionCap, fit_file_limit
 from gateway.metrics import GatewayMetrics
 
 

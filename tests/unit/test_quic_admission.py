@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.connection_cap import ConnectionCap
-from gateway.source_limits import SourceLimits, SourceLimitsConfig
+from hedgerow.connection_cap import ConnectionCap
+from hedgerow.source_limits import SourceLimits, SourceLimitsConfig
 from gateway.quic_admission import (
     QuicFrontDoor,
     QuicLimits,

@@ -1,4 +1,4 @@
-"""Per-client connection limits at accept (``gateway.source_limits``), in virtual time."""
+"""Per-client connection limits at accept (``hedgerow.source_limits``), in virtual time."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.source_limits import SourceLimits, SourceLimitsConfig, source_keys
+from hedgerow.source_limits import SourceLimits, SourceLimitsConfig, source_keys
 
 OFF = dict(max_open_per_ip=0, max_open_per_prefix=0, rate_per_ip=0.0, rate_per_prefix=0.0)
 

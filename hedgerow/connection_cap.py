@@ -1,4 +1,7 @@
-"""A cap on the gateway's open TCP connections, enforced at accept, before TLS.
+"""A cap on a listener's open TCP connections, enforced at accept, before TLS.
+
+Used by the gateway's public port and the control plane's listeners
+(``hedgerow.listener_limits``).
 
 Hypercorn bounds a connection only in time (handshake and keep-alive
 timeouts) and accepts without limit, so a flood can take every file
@@ -24,7 +27,7 @@ handshake failed, timed out or the connection served and closed. The cap in
 force is the one ``serve`` put in ``ACTIVE_CAP`` (a context variable, so two
 servers in one process each keep their own).
 
-In front of the cap, per-client limits (``gateway.source_limits``, held by
+In front of the cap, per-client limits (``hedgerow.source_limits``, held by
 the cap as ``sources``): a connection whose source IP or prefix already has
 too many open, or opens them too fast, is closed the same way, before the
 cap is asked; its source's slots are given back with the cap's.
@@ -44,7 +47,7 @@ from contextvars import ContextVar
 from ssl import SSLContext
 from typing import Any
 
-from gateway.source_limits import SourceLimits
+from hedgerow.source_limits import SourceLimits
 
 log = logging.getLogger("hedgerow.gateway.connections")
 
@@ -60,10 +63,12 @@ class ConnectionCap:
     """Open connections against a limit (sans-IO: plain counting)."""
 
     def __init__(self, limit: int = DEFAULT_MAX_CONNECTIONS,
-                 sources: SourceLimits | None = None) -> None:
+                 sources: SourceLimits | None = None, *, flag_prefix: str = "") -> None:
         if limit < 1:
             raise ValueError(f"the connection limit must be >= 1, not {limit!r}")
         self.limit = limit
+        # The flags the log lines name: "" (gateway, control plane --port) or "join-".
+        self.flag_prefix = flag_prefix
         self.sources = sources  # per-client limits asked first, at TCP accept
         self._sources_logged = 0
         self._sources_logged_at = -LOG_EVERY_S
@@ -227,15 +232,17 @@ def log_refusals(cap: ConnectionCap) -> None:
     refused = cap.refusals_to_log(asyncio.get_running_loop().time())
     if refused:
         log.warning("connection cap reached: %d connection(s) refused at accept (%d open, "
-                    "limit %d; --max-connections)", refused, cap.open, cap.limit)
+                    "limit %d; --%smax-connections)", refused, cap.open, cap.limit,
+                    cap.flag_prefix)
 
 
 def _log_source_refusals(cap: ConnectionCap, source: str, refusal: str) -> None:
     refused = cap.source_refusals_to_log(asyncio.get_running_loop().time())
     if refused:
         log.warning("per-client connection limits: %d connection(s) refused at accept "
-                    "(the latest from %s: %s; --max-connections-per-ip/-prefix, "
-                    "--new-connections-per-ip/-prefix)", refused, source, refusal)
+                    "(the latest from %s: %s; --%smax-connections-per-ip/-prefix, "
+                    "--%snew-connections-per-ip/-prefix)", refused, source, refusal,
+                    cap.flag_prefix, cap.flag_prefix)
 
 
 # How long a TLS close waits for the peer's close_notify (asyncio's default: 30 s).

@@ -1,6 +1,6 @@
 """Per-client limits on the public port, TCP and QUIC together (sans-IO).
 
-The connection cap (``gateway.connection_cap``) bounds the gateway's open
+The connection cap (``hedgerow.connection_cap``) bounds the gateway's open
 connections in total, so one client alone can take all of them and every
 other client is refused with it. These limits come first: for each accepted
 connection, before any TLS byte, ``SourceLimits.admit(address, now)`` says
