@@ -102,6 +102,9 @@ async def serve_internal(
     # runs, and by no other listener (each is served in a task of its own).
     ACTIVE_CAP.set(connection_cap)
     sock = bind_tcp(host, port)
+    # Listening now: the capped accept loop takes the socket as it is
+    # (``asyncio.start_server`` would have called listen itself).
+    sock.listen(ACCEPT_BACKLOG)
     bound_port = int(sock.getsockname()[1])
     config = internal_config(sock, tls=tls)
     config.ssl_handshake_timeout = handshake_timeout_s
