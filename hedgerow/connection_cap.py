@@ -49,7 +49,7 @@ from typing import Any
 
 from hedgerow.source_limits import SourceLimits
 
-log = logging.getLogger("hedgerow.gateway.connections")
+log = logging.getLogger("hedgerow.connections")
 
 DEFAULT_MAX_CONNECTIONS = 4096
 LOG_EVERY_S = 10.0
@@ -239,10 +239,17 @@ def log_refusals(cap: ConnectionCap) -> None:
 def _log_source_refusals(cap: ConnectionCap, source: str, refusal: str) -> None:
     refused = cap.source_refusals_to_log(asyncio.get_running_loop().time())
     if refused:
+        # Named only where on (the control plane has none: hedgerow.listener_limits).
+        prefix = "/-prefix" if _has_prefix_limits(cap) else ""
         log.warning("per-client connection limits: %d connection(s) refused at accept "
-                    "(the latest from %s: %s; --%smax-connections-per-ip/-prefix, "
-                    "--%snew-connections-per-ip/-prefix)", refused, source, refusal,
-                    cap.flag_prefix, cap.flag_prefix)
+                    "(the latest from %s: %s; --%smax-connections-per-ip%s, "
+                    "--%snew-connections-per-ip%s)", refused, source, refusal,
+                    cap.flag_prefix, prefix, cap.flag_prefix, prefix)
+
+
+def _has_prefix_limits(cap: ConnectionCap) -> bool:
+    config = cap.sources.config if cap.sources is not None else None
+    return config is not None and bool(config.max_open_per_prefix or config.rate_per_prefix)
 
 
 # How long a TLS close waits for the peer's close_notify (asyncio's default: 30 s).

@@ -107,7 +107,10 @@ class HeldFlood:
                     self._opened_at[sock] = time.monotonic()
                     sock.setblocking(False)
                     selector.register(sock, selectors.EVENT_READ)
-                    self._harvest(selector, self.every_s)
+                    # Paced: a refusal wakes the select at once, the next open waits.
+                    next_at = time.monotonic() + self.every_s
+                    while (wait := next_at - time.monotonic()) > 0:
+                        self._harvest(selector, wait)
                 deadline = time.monotonic() + CLOSED_WITHIN_S
                 while selector.get_map() and time.monotonic() < deadline:
                     self._harvest(selector, 0.2)
