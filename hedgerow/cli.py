@@ -554,6 +554,8 @@ def _add_sim_options(wk: argparse.ArgumentParser) -> None:
     group.add_argument("--sim-output-tokens", type=int, default=Sim.output_tokens,
                        help="tokens when a request sets no max_tokens")
     group.add_argument("--sim-seed", type=int, help="seed for reproducible runs")
+    group.add_argument("--sim-embedding-model", metavar="NAME",
+                       help="also serve a simulated embedding model NAME at /v1/embeddings")
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
@@ -718,6 +720,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     from workers.main import (WorkerOptions, build_llama_backend, build_sim_backend,
                               default_worker_id, run_worker)
 
+    if args.sim_embedding_model and args.backend != "sim":
+        raise SystemExit("hedgerow: --sim-embedding-model is for --backend sim")
     options = WorkerOptions(
         control_plane=args.control_plane, host=args.host, port=args.port,
         advertise_host=args.advertise_host, worker_id=args.worker_id,
@@ -727,6 +731,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         prompt_reuse=args.prompt_reuse, prompt_lookup_tokens=args.prompt_lookup,
         warm_up=args.warm_up,
         sim=_latency_model(args) if args.backend == "sim" else None, sim_seed=args.sim_seed,
+        sim_embedding_model=args.sim_embedding_model if args.backend == "sim" else None,
     )
     backend = build_sim_backend(options) if args.backend == "sim" else build_llama_backend(options)
     worker_id = options.worker_id or default_worker_id(backend)

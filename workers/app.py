@@ -56,6 +56,7 @@ from workers.backend import (
     TokenChunk,
     ToolCallDelta,
 )
+from workers.sim_embeddings import SimEmbedder
 from workers.tool_calls import ToolSpec
 from workers.metrics import GenerationTiming, WorkerMetrics
 
@@ -75,6 +76,8 @@ class WorkerState:
 class WorkerApp:
     backend: Backend
     state: WorkerState
+    # ``POST /v1/embeddings``: the simulated embedding model, when one is served.
+    embedder: SimEmbedder | None = None
     router: Router = field(init=False)
     metrics: WorkerMetrics = field(init=False)
 
@@ -88,6 +91,7 @@ class WorkerApp:
         self.router.add("GET", "/v1/models", self.models)
         self.router.add("POST", "/v1/chat/completions", self.chat)
         self.router.add("POST", "/v1/completions", self.completions)
+        self.router.add("POST", "/v1/embeddings", self.embeddings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Logs while serving carry the id the gateway sent (when it looks like one).
@@ -129,7 +133,16 @@ class WorkerApp:
             {"id": name, "object": "model", "created": 0, "owned_by": "hedgerow"}
             for name in self.backend.models
         ]
+        if self.embedder is not None:
+            data.append({"id": self.embedder.model_name, "object": "model", "created": 0,
+                         "owned_by": "hedgerow", "kind": "embedding"})
         await send_json(request.send, 200, {"object": "list", "data": data})
+
+    async def embeddings(self, request: Request) -> None:
+        if self.embedder is None:
+            raise ModelNotFound("this worker serves no embedding model", param="model")
+        answer = self.embedder.answer(oa.decode_request(await request.body(MAX_BODY)))
+        await send_json(request.send, 200, answer)
 
     async def chat(self, request: Request) -> None:
         parsed = oa.parse_request(await request.body(MAX_BODY), oa.ChatCompletionRequest)

@@ -32,6 +32,7 @@ from workers.app import WorkerApp, WorkerState
 from workers.backend import Backend
 from workers.heartbeat import DeregisterNow, HeartbeatActor
 from workers.sim_backend import LatencyModel, SimBackend
+from workers.sim_embeddings import SimEmbedder
 
 log = logging.getLogger("hedgerow.worker")
 
@@ -52,6 +53,7 @@ class WorkerOptions:
     drain_timeout_s: float = 30.0
     sim: LatencyModel | None = None  # set for `--backend sim`
     sim_seed: int | None = None
+    sim_embedding_model: str | None = None  # also serve this simulated embedding model
     quant: str | None = None  # serve the bundled model in this quantization (workers.models)
     tier: str | None = None  # advertised as labels["tier"]; the policy maps classes to tiers
     prompt_reuse: bool = True
@@ -137,7 +139,9 @@ async def run_worker(
     worker_id = options.worker_id or default_worker_id(backend)
     state = WorkerState(worker_id=worker_id, ready=False)
     tls = options.tls or InternalTls(None, options.control_plane)
-    app = WorkerApp(backend, state)
+    embedder = (SimEmbedder(options.sim_embedding_model, options.sim_seed)
+                if options.sim_embedding_model else None)
+    app = WorkerApp(backend, state, embedder)
     # Only gateways (and operators) may call a worker: it holds every tenant's prompts.
     revocations = Revocations(tls.contexts.credentials.directory / "revoked.json"
                               if tls.contexts is not None and tls.contexts.credentials.managed
@@ -160,6 +164,7 @@ async def run_worker(
             device=backend.device,
             device_memory_bytes=backend.device_memory_bytes,
             models=backend.models,
+            embedding_models=(embedder.model_name,) if embedder else (),
             slots=backend.slots,
             labels=options.advertised_labels(),
         )

@@ -6,7 +6,9 @@ HTTP, outside Hedgerow's trust, as a real embeddings server would be). Both
 declare ``embed-ext`` under ``embedding_models``, known upstream as
 ``upstream-embed``. ``a-broken`` answers every embeddings request with a 500;
 the gateway tries the least loaded upstream first, ties by name, so every
-request reaches ``a-broken`` first and is retried on ``b-good``.
+request reaches ``a-broken`` first and is retried on ``b-good``. A simulated
+Hedgerow worker (``--sim-embedding-model sim-embed``) registers itself with an
+embedding model too, and is reached over the cluster's mutual TLS.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ import pytest
 
 from policies.schema import hash_api_key
 from tests.support.stack import Stack, free_port, wait_for
+from workers.sim_embeddings import sim_vector
 
 pytestmark = pytest.mark.e2e
 
 CLIENT_MODEL = "embed-ext"
 UPSTREAM_MODEL = "upstream-embed"
 KEY = "sk-embed-tenant"
+SIM_MODEL = "sim-embed"
 
 
 def vector(text: str) -> list[float]:
@@ -125,10 +129,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory,
     stack = Stack(root)
     try:
         stack.start_control_plane(policy=root / "policy.yaml")
+        stack.start_worker("c-sim", "--backend", "sim", "--model-name", "sim-chat",
+                           "--sim-embedding-model", SIM_MODEL, "--sim-seed", "3")
         stack.start_gateway()
         tls = ssl.create_default_context(cafile=stack.ca_cert)
         wait_for(lambda: httpx.get(stack.gateway_url + "/readyz", verify=tls).json()[
-            "workers"] == 2, "both upstreams listed")
+            "workers"] == 3, "both upstreams and the worker listed")
         yield stack
     finally:
         stack.stop_all()
@@ -154,6 +160,17 @@ def test_forwarded_retried_past_a_failing_upstream_and_named_as_asked(
     assert good.bodies[-1]["input"] == ["a cat", "dogs"]
 
 
+def test_a_registered_worker_answers_over_mutual_tls(stack: Stack) -> None:
+    with client(stack) as sdk:
+        raw = sdk.embeddings.with_raw_response.create(model=SIM_MODEL, input=["x y", "z"])
+    answer = raw.parse()
+    assert raw.headers["x-hedgerow-worker"] == "c-sim"
+    assert answer.model == SIM_MODEL
+    assert [d.embedding for d in answer.data] == [
+        sim_vector("x y", 3).tolist(), sim_vector("z", 3).tolist()]
+    assert answer.usage.prompt_tokens == 3
+
+
 def test_unknown_model_is_404_and_a_bad_key_401(stack: Stack) -> None:
     with client(stack) as sdk, pytest.raises(openai.NotFoundError) as missing:
         sdk.embeddings.create(model="no-such-embedder", input="hi")
@@ -166,4 +183,6 @@ def test_models_lists_the_upstreams_embedding_model_as_one(stack: Stack) -> None
     with client(stack) as sdk:
         listed = [m.model_dump() for m in sdk.models.list()]
     # Once, as an embedding model: never offered to chat clients as a chat model.
-    assert [m.get("kind") for m in listed if m["id"] == CLIENT_MODEL] == ["embedding"]
+    for name in (CLIENT_MODEL, SIM_MODEL):
+        assert [m.get("kind") for m in listed if m["id"] == name] == ["embedding"]
+    assert [m.get("kind") for m in listed if m["id"] == "sim-chat"] == [None]
