@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import ssl
 import struct
 import threading
@@ -158,6 +159,9 @@ def test_forwarded_retried_past_a_failing_upstream_and_named_as_asked(
     assert broken.bodies[-1] == good.bodies[-1]
     assert good.bodies[-1]["model"] == UPSTREAM_MODEL
     assert good.bodies[-1]["input"] == ["a cat", "dogs"]
+    # Counted like chat: by model, class and status.
+    assert re.search(rf'hedgerow_requests_total{{[^}}]*model="{CLIENT_MODEL}"[^}}]*'
+                     r'status="200"[^}]*} [1-9]', stack.gateway_metrics()), "no 200 counted"
 
 
 def test_a_registered_worker_answers_over_mutual_tls(stack: Stack) -> None:
