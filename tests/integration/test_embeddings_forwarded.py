@@ -173,6 +173,12 @@ def test_a_registered_worker_answers_over_mutual_tls(stack: Stack) -> None:
     assert [d.embedding for d in answer.data] == [
         sim_vector("x y", 3).tolist(), sim_vector("z", 3).tolist()]
     assert answer.usage.prompt_tokens == 3
+    # The registry and the operator's status show what it offers.
+    with stack.admin() as operator:
+        status = operator.get("/v1/status").json()
+    listed = {w["worker_id"]: w for w in status["workers"]}
+    assert listed["c-sim"]["embedding_models"] == [SIM_MODEL]
+    assert listed["c-sim"]["models"] == ["sim-chat"]
 
 
 def test_unknown_model_is_404_and_a_bad_key_401(stack: Stack) -> None:
