@@ -1,0 +1,119 @@
+"""Tracing of a request's corridor (``hedgerow.tracing``), exported to memory.
+
+The scheduler, dispatcher and generation are the real ones, over the fake
+workers of ``test_dispatch`` (one a straggler, so the request is hedged); the
+request's own span is opened as ``GatewayApp._complete`` opens it, from the
+client's headers. The test reads the spans an operator's collector would get.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from hedgerow import tracing
+from tests.integration.test_dispatch import (Rig, assert_served_fully, make_policy, running,
+                                             wait_until)
+from tests.support.fake_workers import Behaviour
+
+pytestmark = pytest.mark.anyio
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_PARENT = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01"
+
+
+@pytest.fixture
+def exported() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    assert tracing.setup("hedgerow-gateway", exporter=exporter, env={})
+    try:
+        yield exporter
+    finally:
+        tracing.shutdown()
+
+
+async def serve_traced(rig: Rig, headers: list[tuple[bytes, bytes]]) -> None:
+    with tracing.server_span("chat", headers, {tracing.GEN_AI_OPERATION: "chat"}):
+        served = await rig.serve(rig.ticket())
+    assert_served_fully(served)
+    assert served.worker_id == "b" and served.hedged
+
+
+def by_name(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name == name]
+
+
+async def test_a_hedged_request_is_one_trace_with_sibling_attempts(
+    exported: InMemorySpanExporter,
+) -> None:
+    straggler = Behaviour(first_token_after_s=3.0)
+    async with running(make_policy(), {"a": straggler, "b": Behaviour()}) as rig:
+        await serve_traced(rig, [(b"traceparent", TRACEPARENT.encode()),
+                                 (b"tracestate", b"vendor=1")])
+        # The loser's span ends when its stream has been closed, in its own task.
+        await wait_until(lambda: len(by_name(list(exported.get_finished_spans()),
+                                             "attempt")) == 2)
+        spans = list(exported.get_finished_spans())
+        [root] = by_name(spans, "chat")
+        # The client's trace is continued, under the client's own span.
+        assert format(root.context.trace_id, "032x") == CLIENT_TRACE
+        assert root.parent is not None and format(root.parent.span_id, "016x") == CLIENT_PARENT
+        assert all(s.context.trace_id == root.context.trace_id for s in spans)
+        children = {s.name for s in spans if s.parent and s.parent.span_id == root.context.span_id}
+        assert {"admission", "queue wait", "attempt", "relay"} <= children
+        primary, hedge = sorted(by_name(spans, "attempt"),
+                                key=lambda s: s.attributes["hedgerow.attempt.index"])
+        assert primary.parent.span_id == hedge.parent.span_id == root.context.span_id
+        assert primary.attributes["hedgerow.worker.id"] == "a"
+        assert primary.attributes["hedgerow.attempt.kind"] == "primary"
+        assert primary.attributes["hedgerow.attempt.outcome"] in ("cancelled", "lost")
+        assert hedge.attributes["hedgerow.worker.id"] == "b"
+        assert hedge.attributes["hedgerow.attempt.kind"] == "hedge"
+        assert hedge.attributes["hedgerow.attempt.outcome"] == "success"
+        assert [e.name for e in hedge.events] == ["first_token"]
+        assert "first_token" in [e.name for e in root.events]
+        [relay] = by_name(spans, "relay")
+        assert relay.attributes["hedgerow.worker.id"] == "b"
+        assert relay.attributes[tracing.GEN_AI_OUTPUT_TOKENS] > 0
+        # Each worker got the trace, with its own attempt's span as the parent.
+        for span, worker in ((primary, "a"), (hedge, "b")):
+            [call] = rig.workers.calls_to(worker)
+            assert call.headers["traceparent"] == (
+                f"00-{CLIENT_TRACE}-{format(span.context.span_id, '016x')}-01")
+            assert call.headers["tracestate"] == "vendor=1"
+
+
+async def test_without_a_client_traceparent_the_request_starts_a_trace(
+    exported: InMemorySpanExporter,
+) -> None:
+    async with running(make_policy(), {"a": Behaviour(first_token_after_s=3.0),
+                                       "b": Behaviour()}) as rig:
+        await serve_traced(rig, [])
+        [root] = by_name(list(exported.get_finished_spans()), "chat")
+        assert root.parent is None
+        [call] = rig.workers.calls_to("b")
+        assert call.headers["traceparent"].split("-")[1] == format(root.context.trace_id, "032x")
+
+
+async def test_tracing_off_sends_no_traceparent_and_records_nothing() -> None:
+    assert not tracing.enabled()
+    async with running(make_policy(), {"a": Behaviour()}) as rig:
+        served = await rig.serve(rig.ticket())
+        assert_served_fully(served)
+        [call] = rig.workers.calls_to("a")
+        assert "traceparent" not in call.headers
+
+
+def test_the_switch_reads_the_standard_variables() -> None:
+    assert not tracing.wanted({})
+    assert tracing.wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert tracing.wanted({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"})
+    assert tracing.wanted({"OTEL_TRACES_EXPORTER": "console"})
+    assert not tracing.wanted({"OTEL_TRACES_EXPORTER": "none",
+                               "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert not tracing.wanted({"OTEL_SDK_DISABLED": "true",
+                               "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
