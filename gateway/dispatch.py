@@ -155,8 +155,9 @@ class Dispatcher:
                 _attempt_ended(span, "cancelled")
                 self.report(worker_id, "abandoned")
                 raise
-            span.add_event("first_token", {"hedgerow.ttft_ms": round(attempt.ttft_s * 1000, 3)},
-                           timestamp=tracing.wall_ns(attempt.first_token_at))
+            if span.is_recording():
+                span.add_event("first_token", {"hedgerow.ttft_ms": round(attempt.ttft_s * 1000, 3)},
+                               timestamp=tracing.wall_ns(attempt.first_token_at))
             try:
                 self.scheduler.first_token(race.ticket.model, attempt.pool, attempt.ttft_s)
                 await send.send(attempt)

@@ -77,11 +77,12 @@ class Generation:
                 if observer is not None:
                     t = self.ticket
                     observer.dispatched(t.arrival, t.assigned_at, t.upstream_at)
-            tracing.current().add_event("first_token", {
-                "hedgerow.worker.id": attempt.worker_id, "hedgerow.hedged": attempt.hedged},
-                timestamp=tracing.wall_ns(attempt.first_token_at))
+            if tracing.enabled():
+                tracing.current().add_event("first_token", {
+                    "hedgerow.worker.id": attempt.worker_id, "hedgerow.hedged": attempt.hedged},
+                    timestamp=tracing.wall_ns(attempt.first_token_at))
             self.stream.open(attempt.worker_id, attempt.hedged)
-            with tracing.span("relay", {"hedgerow.worker.id": attempt.worker_id}) as span:
+            with tracing.span("relay", _worker(attempt)) as span:
                 await self._relay(attempt, outcome)
                 if span.is_recording():
                     span.set_attributes({tracing.GEN_AI_OUTPUT_TOKENS: outcome.completion_tokens,
@@ -134,6 +135,10 @@ class Generation:
             self.dispatcher.report(attempt.worker_id, result)
         if admitted:
             await self.scheduler.ticket_done(self.ticket, outcome.total_tokens)
+
+
+def _worker(attempt: Attempt) -> dict[str, tracing.AttributeValue] | None:
+    return {"hedgerow.worker.id": attempt.worker_id} if tracing.enabled() else None
 
 
 def classify(event: SseEvent, outcome: RelayOutcome) -> EventKind:

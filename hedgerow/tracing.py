@@ -32,8 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 log = logging.getLogger("hedgerow.tracing")
@@ -55,7 +54,14 @@ _TRUE = ("1", "true", "yes", "on")
 
 
 class NoSpan:
-    """The span when tracing is off: every method the seams call, doing nothing."""
+    """The span when tracing is off: every method the seams call, doing nothing;
+    its own context manager, so an unrecorded ``with`` allocates nothing."""
+
+    def __enter__(self) -> NoSpan:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         return None
@@ -96,10 +102,11 @@ def wanted(env: Mapping[str, str] | None = None) -> bool:
                 or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
-def setup(service_name: str, *, exporter: Any = None,
+def setup(service_name: str, *, exporter: Any = None, batch: bool = False,
           env: Mapping[str, str] | None = None) -> bool:
     """Turn tracing on if the environment asks for it (or ``exporter`` is given:
-    tests pass an in-memory one, exported span by span); True when on.
+    tests pass an in-memory one, exported span by span unless ``batch``, as the
+    OTLP exporter is); True when on.
 
     ``service_name`` is the default for ``OTEL_SERVICE_NAME``."""
     global _tracer, _provider
@@ -118,7 +125,8 @@ def setup(service_name: str, *, exporter: Any = None,
                                else {SERVICE_NAME: service_name})
     provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
     if exporter is not None:
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.add_span_processor(BatchSpanProcessor(exporter) if batch
+                                    else SimpleSpanProcessor(exporter))
     else:
         built = _exporter(env)
         if built is None:
@@ -156,17 +164,12 @@ def shutdown() -> None:
         provider.shutdown()
 
 
-@contextmanager
-def _no_span() -> Iterator[NoSpan]:
-    yield NO_SPAN
-
-
 def span(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> Any:
     """A child of the current span, current inside the ``with``; an exception that
     leaves it marks it an error. Off: a shared do-nothing context manager."""
     tracer = _tracer
     if tracer is None:
-        return _no_span()
+        return NO_SPAN
     return tracer.start_as_current_span(name, attributes=attributes)
 
 
@@ -176,7 +179,7 @@ def server_span(name: str, headers: Iterable[tuple[bytes, bytes]],
     the caller's ``traceparent`` when it sent one, else a new trace's root."""
     tracer = _tracer
     if tracer is None:
-        return _no_span()
+        return NO_SPAN
     from opentelemetry import propagate
     from opentelemetry.trace import SpanKind
     carrier = {bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1")
