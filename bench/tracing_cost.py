@@ -10,7 +10,9 @@ alternate in one process, so load on the machine falls on every mode alike:
   cost of making spans, without encoding them);
 - ``otlp``: the SDK on, spans batched to the real OTLP/HTTP exporter, posting
   protobuf to a receiver in a child process (its CPU is not counted; the
-  exporter's thread in this process is: ``time.process_time``).
+  exporter's thread in this process is: ``time.process_time``);
+- ``otlp_10pct``: as ``otlp``, with ``OTEL_TRACES_SAMPLER=traceidratio`` and
+  ``OTEL_TRACES_SAMPLER_ARG=0.1`` (a tenth of the requests recorded).
 
     PYTHONPATH=$PWD .venv/bin/python bench/tracing_cost.py 1000 5   # requests per round, rounds
 """
@@ -45,7 +47,7 @@ from hedgerow.wire import RegistrySnapshot
 from policies.scoring import RouteRequest
 from tests.support.fake_workers import Behaviour, FakeWorkers, record
 
-MODES = ("off", "sdk", "otlp")
+MODES = ("off", "sdk", "otlp", "otlp_10pct")
 HEADERS = [(b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
 
 RECEIVER = """
@@ -78,9 +80,15 @@ class Dropping:
 
 def switch(mode: str, endpoint: str) -> None:
     tracing.shutdown()  # flushes the last round's batch
+    # The SDK reads the sampler from the environment as a provider is made.
+    if mode == "otlp_10pct":
+        os.environ.update(OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0.1")
+    else:
+        os.environ.pop("OTEL_TRACES_SAMPLER", None)
+        os.environ.pop("OTEL_TRACES_SAMPLER_ARG", None)
     if mode == "sdk":
         tracing.setup("bench", exporter=Dropping(), batch=True, env={})
-    elif mode == "otlp":
+    elif mode.startswith("otlp"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         tracing.setup("bench", exporter=OTLPSpanExporter(endpoint=endpoint + "/v1/traces"),
                       batch=True, env={})
