@@ -200,8 +200,9 @@ def start_client_span(name: str, attributes: Mapping[str, AttributeValue] | None
 
 
 def inject(span_: Any, headers: MutableMapping[str, str]) -> None:
-    """Write ``traceparent`` (and ``tracestate``) for a request made within ``span_``."""
-    if _tracer is None or not span_.is_recording():
+    """Write ``traceparent`` (and ``tracestate``) for a request made within ``span_``;
+    an unsampled span's too (flag ``00``), so the worker does not record it either."""
+    if _tracer is None:
         return
     from opentelemetry import propagate, trace
     propagate.inject(headers, context=trace.set_span_in_context(span_))

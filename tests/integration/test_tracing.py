@@ -115,6 +115,20 @@ async def test_without_a_client_traceparent_the_request_starts_a_trace(
         assert call.headers["traceparent"].split("-")[1] == format(root.context.trace_id, "032x")
 
 
+async def test_a_client_that_does_not_sample_is_obeyed_and_its_decision_passed_on(
+    exported: InMemorySpanExporter,
+) -> None:
+    unsampled = f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-00"
+    async with running(make_policy(), {"a": Behaviour()}) as rig:
+        with tracing.server_span("chat", [(b"traceparent", unsampled.encode())]):
+            served = await rig.serve(rig.ticket())
+        assert_served_fully(served)
+        [call] = rig.workers.calls_to("a")
+    assert exported.get_finished_spans() == ()
+    version, trace_id, _, flags = call.headers["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", CLIENT_TRACE, "00")
+
+
 async def test_tracing_off_sends_no_traceparent_and_records_nothing() -> None:
     assert not tracing.enabled()
     async with running(make_policy(), {"a": Behaviour()}) as rig:
