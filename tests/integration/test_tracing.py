@@ -103,6 +103,27 @@ async def test_a_hedged_request_is_one_trace_with_sibling_attempts(
             assert call.headers["tracestate"] == "vendor=1"
 
 
+async def test_a_retry_is_a_sibling_attempt_and_the_failed_one_says_why(
+    exported: InMemorySpanExporter,
+) -> None:
+    policy = make_policy(hedging={"enabled": False})
+    async with running(policy, {"a": Behaviour(status=500), "b": Behaviour()}) as rig:
+        with tracing.server_span("chat", []):
+            served = await rig.serve(rig.ticket())
+        assert_served_fully(served)
+        assert served.worker_id == "b"
+    spans = list(exported.get_finished_spans())
+    [root] = by_name(spans, "chat")
+    failed, retried = sorted(by_name(spans, "attempt"),
+                             key=lambda s: int(attrs(s)["hedgerow.attempt.index"]))
+    assert parent_of(failed) == parent_of(retried) == span_id(root)
+    assert (attrs(failed)["hedgerow.worker.id"], attrs(failed)["hedgerow.attempt.kind"],
+            attrs(failed)["hedgerow.attempt.outcome"]) == ("a", "primary", "failed")
+    assert not failed.status.is_ok and attrs(failed)["error.type"] == "upstream_error"
+    assert (attrs(retried)["hedgerow.worker.id"], attrs(retried)["hedgerow.attempt.kind"],
+            attrs(retried)["hedgerow.attempt.outcome"]) == ("b", "retry", "success")
+
+
 async def test_without_a_client_traceparent_the_request_starts_a_trace(
     exported: InMemorySpanExporter,
 ) -> None:
