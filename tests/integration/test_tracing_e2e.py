@@ -9,6 +9,7 @@ the standard way (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_SERVICE_NAME`` …).
 
 from __future__ import annotations
 
+import itertools
 import os
 import ssl
 import threading
@@ -150,6 +151,9 @@ def test_a_clients_trace_runs_through_the_gateway_into_the_worker(
     assert root.attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
     assert root.attributes["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
     assert root.attributes["http.response.status_code"] == 200
+    [lookup] = [s for s in spans if s.name == "cache lookup"]
+    assert lookup.parent_id == root.span_id
+    assert lookup.attributes["hedgerow.cache.result"] == "miss"
     [attempt] = [s for s in spans if s.name == "attempt"]
     assert attempt.parent_id == root.span_id
     assert attempt.attributes["hedgerow.worker.id"] == "llama-traced"
@@ -160,3 +164,37 @@ def test_a_clients_trace_runs_through_the_gateway_into_the_worker(
     assert {"prefill", "decode"} <= set(phases)
     assert phases["decode"].attributes["hedgerow.generation.token_chunks"] >= 1
     assert served.attributes["gen_ai.request.model"] == MODEL
+
+
+def test_a_cache_hit_is_traced_without_any_attempt(
+    stack: Stack, receiver: tuple[Receiver, str],
+) -> None:
+    got, _ = receiver
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Name a hedge plant."}],
+            "max_tokens": 4, "temperature": 0}
+    traces = (f"{n:032x}" for n in itertools.count(1))
+    with httpx.Client(base_url=stack.gateway_url, timeout=30,
+                      verify=ssl.create_default_context(cafile=stack.ca_cert)) as client:
+
+        def answered_from_cache() -> str | None:
+            """The trace id of a request the cache answered (the store may trail the
+            first answer by a moment, so a second request may still miss)."""
+            trace_id = next(traces)
+            response = client.post("/v1/chat/completions", json=body,
+                                   headers={"traceparent": f"00-{trace_id}-{CLIENT_PARENT}-01"})
+            assert response.status_code == 200, response.text
+            return trace_id if response.headers["x-hedgerow-cache"] == "exact" else None
+
+        hit_trace = wait_for(answered_from_cache, "an answer from the cache", timeout=30)
+
+    def spans_of(trace_id: str) -> list[ReceivedSpan]:
+        return [s for s in got.received() if s.trace_id == trace_id]
+
+    wait_for(lambda: {"chat", "cache lookup"} <= {s.name for s in spans_of(hit_trace)},
+             "the hit's spans at the receiver", timeout=30)
+    hit = spans_of(hit_trace)
+    assert {s.name for s in hit} == {"chat", "cache lookup"}  # no worker was asked
+    [lookup] = [s for s in hit if s.name == "cache lookup"]
+    assert lookup.attributes["hedgerow.cache.result"] == "exact"
+    [root] = [s for s in hit if s.name == "chat"]
+    assert root.attributes["hedgerow.cache"] == "exact"
