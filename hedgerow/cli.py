@@ -23,6 +23,7 @@ import anyio
 
 from hedgerow import tracing
 from hedgerow.cli_env import EnvironmentValueError, apply_environment
+from hedgerow.extras import missing_extras
 from hedgerow.logs import LOG_FORMATS, configure_logging
 from hedgerow.trust.process import add_trust_arguments
 
@@ -48,6 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"hedgerow: {error}") from error
     # `hedgerow up` starts its children as processes of their own: they read it here.
     os.environ["HEDGEROW_LOG_FORMAT"] = args.log_format
+    missing = missing_extras(args.command, getattr(args, "backend", None))
+    if missing is not None:  # a role that is not installed: say which extra, not a traceback
+        print(f"hedgerow: {missing}", file=sys.stderr)
+        return 1
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
@@ -434,6 +439,24 @@ def _add_cache(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
             kind.add_argument("--tenant", help="the tenant's own namespace")
             kind.add_argument("--model", help="a model name or alias")
             kind.add_argument("--key", help="one exact key")
+    export = kinds.add_parser(
+        "export-model", help="export the semantic cache's embedding model to ONNX, once "
+                             "(needs hedgerow[export]; the gateway runs it without torch)")
+    export.add_argument("--force", action="store_true",
+                        help="export again even if an export of the same weights is there")
+    export.set_defaults(run=_run_export_model)
+
+
+def _run_export_model(args: argparse.Namespace) -> int:
+    from gateway.cache.onnx_export import export_model
+
+    try:
+        directory, exported = export_model(force=args.force)
+    except (ImportError, OSError, RuntimeError) as error:
+        print(f"hedgerow cache export-model: {error}", file=sys.stderr)
+        return 1
+    print(f"{'exported to' if exported else 'up to date:'} {directory}")
+    return 0
 
 
 def _run_cache(args: argparse.Namespace) -> int:

@@ -29,8 +29,6 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from llama_cpp import llama_grammar
-
 from hedgerow.errors import InvalidRequest
 
 CALL_OPEN = "<tool_call>\n"
@@ -134,6 +132,10 @@ def grammar_for(tools: tuple[ToolSpec, ...], mode: str | None,
 def _converter() -> Any:
     # llama-cpp-python's converter (untyped): the one behind LlamaGrammar.from_json_schema,
     # used directly so that a call's rules and a text rule can share one grammar.
+    # Imported here: the simulated worker and the gateway use this module's types
+    # and parsing without llama-cpp-python installed (the `worker` extra).
+    from llama_cpp import llama_grammar
+
     return llama_grammar.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
                                          raw_pattern=False)  # type: ignore[no-untyped-call]
 

@@ -26,12 +26,14 @@ succeed with bounded latency, measured while the attack runs.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import socket
 import statistics
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -71,14 +73,24 @@ FLOOD_S = 4.0
 FLOOD_PPS = 3000
 STALL_SOURCES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 STALL_PER_SOURCE = 30
+STALL_GIVE_UP_S = 10.0  # a sanity bound: the gateway never Retried them all
 # Half-open connections are gone this long after the attack stops: the
 # handshake timeout plus scrape and scheduling slack.
 CUT_BUDGET_S = HANDSHAKE_TIMEOUT_S + 2.0
-# The good client: every request answered; latency of a fresh connection plus
-# one request (Retry round trip included) on a shared 2-core machine.
-GOOD_P95_BUDGET_S = 1.0
+# The good client: every request answered (each must within GOOD_MAX_BUDGET_S,
+# its timeout); p95 latency of a fresh connection plus one request (Retry
+# round trip included) under GOOD_P95_BUDGET_S. Unloaded ~0.1 s; on the
+# shared 2-core test machine at load average 5-10 up to ~1 s (the 1 s budget
+# this had flaked there). A gateway that the flood starved -- one holding a
+# handshake per flood port, or refusing the good client's for want of room
+# -- fails its requests outright (timeout) rather than slowing them.
+GOOD_P95_BUDGET_S = 2.0
 GOOD_MAX_BUDGET_S = 3.0
 GOOD_INTERVAL_S = 0.05
+# The good client's process makes this many requests before the attack, as
+# a reference; a sanity bound on its start.
+GOOD_LEAD_REQUESTS = 3
+GOOD_START_S = 60.0
 # An oversized header block is answered (431), or a connection that repeats
 # them is closed, within this.
 HEADER_CUT_BUDGET_S = 1.0
@@ -134,19 +146,20 @@ class GoodClient:
     latencies: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
-    async def run(self, stack: Stack, stop: anyio.Event) -> None:
+    async def run(self, port: int, cafile: Path, stop: Any, done: Any) -> None:
         while not stop.is_set():
             started = time.monotonic()
             try:
-                response = await h3_request("127.0.0.1", _port(stack), path="/healthz",
-                                            cafile=stack.ca_cert, timeout_s=GOOD_MAX_BUDGET_S,
+                response = await h3_request("127.0.0.1", port, path="/healthz",
+                                            cafile=cafile, timeout_s=GOOD_MAX_BUDGET_S,
                                             ticket_wait_s=0)
                 if response.status != 200:
                     self.failures.append(f"status {response.status}")
             except Exception as error:  # noqa: BLE001 - every failure is reported
                 self.failures.append(repr(error))
             self.latencies.append(time.monotonic() - started)
-            await anyio.sleep(GOOD_INTERVAL_S)
+            done.value += 1  # only this process writes it
+            await asyncio.sleep(GOOD_INTERVAL_S)
 
     def summary(self) -> str:
         ordered = sorted(self.latencies)
@@ -165,19 +178,42 @@ class GoodClient:
         assert max(self.latencies) <= GOOD_MAX_BUDGET_S, max(self.latencies)
 
 
-async def _during(stack: Stack, attack: Callable[[], Awaitable[Any]]) -> tuple[Any, GoodClient]:
-    """Run ``attack`` with a good client beside it, from before it starts to its end."""
+def _good_client_process(port: int, cafile: str, stop: Any, done: Any, out: Any) -> None:
     good = GoodClient()
-    stop = anyio.Event()
-    result: list[Any] = []
-    async with anyio.create_task_group() as group:
-        group.start_soon(good.run, stack, stop)
-        await anyio.sleep(0.3)  # a few requests before, as a reference
-        try:
-            result.append(await attack())
-        finally:
-            stop.set()
-    return result[0], good
+    try:
+        asyncio.run(good.run(port, Path(cafile), stop, done))
+    finally:
+        out.send(good)
+
+
+async def _during(stack: Stack, attack: Callable[[], Awaitable[Any]]) -> tuple[Any, GoodClient]:
+    """Run ``attack`` with a good client beside it, from before it starts to
+    its end. The good client runs in a process of its own: in this one it
+    shared the GIL with the attack's threads (building and answering QUIC
+    handshakes in Python), and at load average 5-10 its p95 measured that
+    contention (1.6 s once), not the gateway."""
+    context = multiprocessing.get_context("spawn")  # no fork of a threaded process
+    stop = context.Event()
+    done = context.Value("i", 0, lock=False)
+    results, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_good_client_process, daemon=True,
+                              args=(_port(stack), str(stack.ca_cert), stop, done, sender))
+    process.start()
+    try:
+        # A few requests before, as a reference (its start imports aioquic:
+        # seconds on a loaded machine).
+        until = time.monotonic() + GOOD_START_S
+        while done.value < GOOD_LEAD_REQUESTS and process.is_alive() and time.monotonic() < until:
+            await anyio.sleep(0.05)
+        result = await attack()
+    finally:
+        stop.set()
+        ready = await anyio.to_thread.run_sync(results.poll, 60)
+        good = results.recv() if ready else GoodClient(failures=["never reported"])
+        await anyio.to_thread.run_sync(process.join, 15)
+        if process.is_alive():
+            process.kill()
+    return result, good
 
 
 def _flood(stack: Stack, done: threading.Event) -> QuicFloodResult:
@@ -221,7 +257,10 @@ async def test_an_initial_flood_from_many_ports_is_retried_and_cut(stack: Stack)
     per_port = -(-flood.sent // FLOOD_SOCKETS)
     unretried = len(flood.handshakes) * per_port + FLOOD_SOCKETS
     assert flood.retries >= flood.answers - unretried, (unretried, flood)
-    assert retries >= flood.retries and flood.retries >= flood.sent / 2, (retries, flood)
+    # And the flood went far past the Retry threshold: at least one Retry per
+    # port. (Not a share of what was sent: a loaded machine's gateway reads
+    # fewer than 3,000 datagrams a second, and the kernel drops the rest.)
+    assert retries >= flood.retries >= FLOOD_SOCKETS, (retries, flood)
     # Half-open connections never went past the Retry threshold (plus the good
     # client's own, which come with a token), and each flood one timed out.
     assert peak and max(peak) <= RETRY_ABOVE + 2, peak
@@ -253,20 +292,35 @@ def _stall(stack: Stack, source: str, count: int) -> tuple[list[socket.socket], 
             sock.sendto(datagram, target)
     handshaking: set[int] = set()
     retried: set[int] = set()
-    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S / 2
-    while time.monotonic() < deadline:
+    # Until the gateway's answers settle. Not a fixed window from the start: at
+    # load average 8-10 the gateway took more than the 1 s this once was to
+    # Retry 120 Initials and begin 48 handshakes, and the count came up
+    # short. Nothing is ever re-sent (no timers run here), so waiting longer
+    # cannot admit more than the cap would.
+    give_up = time.monotonic() + STALL_GIVE_UP_S
+    settled = time.monotonic() + HANDSHAKE_TIMEOUT_S / 2
+    while time.monotonic() < min(settled, give_up):
         for index, (sock, quic) in enumerate(zip(socks, quics)):
             try:
                 data = sock.recv(65536)
             except BlockingIOError:
                 continue
             if not is_retry(data):
+                news = index not in handshaking
                 handshaking.add(index)  # admitted (with a token, or under the threshold)
-            elif index not in retried:
+            else:
+                news = index not in retried
+            if news and is_retry(data):
                 retried.add(index)  # answer it once, with the token, then go quiet
                 quic.receive_datagram(data, target, now=time.monotonic())
                 for datagram, _ in quic.datagrams_to_send(now=time.monotonic()):
                     sock.sendto(datagram, target)
+            if news:
+                # Settled as long as the whole window this once was after the
+                # last new answer (the gateway's resends of its handshake
+                # flight are not news; a datagram the kernel dropped is never
+                # answered, so "every port answered" may never come).
+                settled = time.monotonic() + HANDSHAKE_TIMEOUT_S / 2
         time.sleep(0.005)
     return socks, len(handshaking)
 

@@ -8,10 +8,11 @@ from hypothesis import strategies as st
 
 from importlib.metadata import version
 
+import h2.events
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.exceptions import ProtocolError
-from hyperframe.frame import WindowUpdateFrame
+from hyperframe.frame import DataFrame, WindowUpdateFrame
 
 from gateway.h2_budget import H2Budget, H2Limits, RateBucket, parse_h2_limits
 from gateway.h2_guard import _charge, _count_frames, _Guard
@@ -265,3 +266,71 @@ def test_a_zero_increment_is_a_connection_error_in_h2(stream_id: int) -> None:
     with pytest.raises(ProtocolError):
         server.receive_data(frame.serialize())
     assert guard.window_updates == 0
+
+
+def test_error_resets_are_cut_past_the_connections_budget() -> None:
+    budget = H2Budget(H2Limits(max_error_resets=5), now=0.0)
+    assert [budget.error_resets_sent(2) for _ in range(2)] == [None, None]
+    assert budget.error_resets_sent(1) is None  # 5: the budget itself
+    assert budget.error_resets_sent(1) == "error_resets"
+
+
+@given(st.lists(st.integers(min_value=1, max_value=50), max_size=50))
+def test_error_resets_never_pass_the_budget_unanswered(reads: list[int]) -> None:
+    budget = H2Budget(H2Limits(max_error_resets=100), now=0.0)
+    for count in reads:
+        if budget.error_resets_sent(count) is not None:
+            assert budget.error_resets > 100
+            return
+    assert budget.error_resets <= 100
+
+
+def _get(client: H2Connection, stream: int, end_stream: bool = True) -> None:
+    client.send_headers(stream, [(":method", "GET"), (":scheme", "https"), (":authority", "x"),
+                                 (":path", "/")], end_stream=end_stream)
+
+
+def test_resets_h2_answers_protocol_errors_with_are_counted() -> None:
+    # DATA after a request's END_STREAM: h2 resets the stream (STREAM_CLOSED)
+    # itself, and a second DATA on it gets another RST_STREAM with no event
+    # at all. Each is counted as h2 parses the read; the read is charged.
+    server, client, guard = _served_stream(H2Limits(max_error_resets=2))
+    frames = b"".join(DataFrame(1, b"x").serialize() for _ in range(3))
+    events = server.receive_data(frames)
+    assert guard.error_resets == 3
+    assert _charge(guard, events, now=1.0) == "error_resets"
+    assert guard.error_resets == 0
+
+
+def test_a_client_that_obeys_the_protocol_causes_no_error_resets() -> None:
+    # Streams answered, cancelled by the client, widened, pinged: none of it
+    # is a protocol error, and our own resets are not the client's.
+    server, client, guard = _served_stream(H2Limits(max_error_resets=1))
+    for stream in range(3, 23, 2):
+        _get(client, stream, end_stream=False)
+        client.increment_flow_control_window(1 << 16, stream_id=stream)
+        client.reset_stream(stream)
+    _get(client, 23, end_stream=False)
+    client.ping(b"12345678")
+    server.receive_data(client.data_to_send())
+    server.reset_stream(23)  # the server cancels a stream: not the client's fault
+    assert guard.error_resets == 0
+
+
+def test_a_stream_reset_in_the_read_that_opened_it_starts_no_work() -> None:
+    # HEADERS then RST_STREAM (the client's: Rapid Reset) or DATA after
+    # END_STREAM (h2 resets it: a reset flood), in one read: the stream is
+    # closed before the app would see it. A stream opened alone is served.
+    from gateway.h2_guard import _reset_streams, _stillborn
+
+    server, client, _ = _served_stream(H2Limits())
+    _get(client, 3, end_stream=False)
+    client.reset_stream(3)
+    _get(client, 5)
+    _get(client, 7)
+    events = server.receive_data(client.data_to_send()
+                                 + DataFrame(5, b"x").serialize())
+    reset = _reset_streams(events)
+    opened = [e for e in events if isinstance(e, h2.events.RequestReceived)]
+    assert [e.stream_id for e in opened if _stillborn(e, reset)] == [3, 5]
+    assert [e.stream_id for e in opened if not _stillborn(e, reset)] == [7]
