@@ -49,11 +49,12 @@ from gateway.cache import Hit, ResponseCache
 from gateway.cache.entry import entry_from_fold
 from gateway.cache.keys import bypasses_lookup, cacheable
 from gateway.generation import Generation, classify
+from gateway.tracing_attributes import describe_request, request_attributes
 from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
 from gateway.stream_log import StreamBook, StreamLog
 from gateway.scheduling import SchedulerDoor
 from gateway.tickets import Ticket
-from hedgerow import embeddings_api
+from hedgerow import embeddings_api, tracing
 from hedgerow import openai_api as oa
 from hedgerow.body_budget import BodyBudget
 from hedgerow.asgi import (
@@ -322,16 +323,20 @@ class GatewayApp:
         observed = self.metrics.request(time.monotonic())
         observed.operation = ("chat" if dialect.shape is oa.ChatCompletionRequest
                               else "text_completion")
-        try:
-            if not await self._complete_observed(request, dialect, observed):
-                observed.responded(CLIENT_CLOSED)
-        except BaseException as error:
-            observed.failed(error)
-            raise
-        finally:
-            await self.keys.settle(request.scope["hedgerow.request_id"], observed.usage)
-            observed.finished(time.monotonic())
-            self.access_log.write(observed, request.scope)
+        with tracing.server_span(observed.operation, request.scope["headers"],
+                                 request_attributes(request.scope, observed.operation)) as span:
+            try:
+                if not await self._complete_observed(request, dialect, observed):
+                    observed.responded(CLIENT_CLOSED)
+            except BaseException as error:
+                observed.failed(error)
+                raise
+            finally:
+                await self.keys.settle(request.scope["hedgerow.request_id"], observed.usage)
+                observed.finished(time.monotonic())
+                self.access_log.write(observed, request.scope)
+                if span.is_recording():
+                    describe_request(span, observed)
 
     async def _complete_observed(self, request: Request, dialect: Dialect,
                                  observed: RequestMetrics) -> bool:
@@ -432,12 +437,15 @@ class GatewayApp:
         if not cacheable(asked.tenant, request_json, asked.policy):
             self.metrics.cache_lookup("uncacheable")
             return None
-        hit = await cache.lookup(asked.tenant, asked.model, request_json, headers)
-        if hit is not None:
-            self.metrics.cache_lookup(hit.kind)
-            return hit
-        bypass = bypasses_lookup({"cache-control": request.header("cache-control") or ""})
-        self.metrics.cache_lookup("bypass" if bypass else "miss")
+        with tracing.span("cache lookup") as span:
+            hit = await cache.lookup(asked.tenant, asked.model, request_json, headers)
+            if hit is not None:
+                self.metrics.cache_lookup(hit.kind)
+                span.set_attribute("hedgerow.cache.result", hit.kind)
+                return hit
+            bypass = bypasses_lookup({"cache-control": request.header("cache-control") or ""})
+            self.metrics.cache_lookup("bypass" if bypass else "miss")
+            span.set_attribute("hedgerow.cache.result", "bypass" if bypass else "miss")
         key = cache.keys(asked.tenant, asked.model, request_json).exact
         # A client that asked for a fresh answer never joins someone else's.
         return Caching(key, request_json, headers, share=not bypass)

@@ -14,12 +14,14 @@ import os
 import ssl
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
 
+from hedgerow import tracing
 from hedgerow.cli_env import EnvironmentValueError, apply_environment
 from hedgerow.extras import missing_extras
 from hedgerow.logs import LOG_FORMATS, configure_logging
@@ -568,6 +570,17 @@ def _labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
+@contextmanager
+def traced(service_name: str) -> Iterator[None]:
+    """Tracing for the process, when its environment asks for it (``hedgerow.tracing``);
+    what is batched is flushed as it ends."""
+    tracing.setup(service_name)
+    try:
+        yield
+    finally:
+        tracing.shutdown()
+
+
 def run_until_signalled(body: Callable[[anyio.Event], Awaitable[None]]) -> None:
     """Run ``body(shutdown)``; the first SIGINT/SIGTERM sets ``shutdown``."""
 
@@ -705,8 +718,9 @@ def _run_gateway(args: argparse.Namespace) -> int:
         ticket_rotation_s=args.tls_ticket_rotation_s,
         max_buffered_body_bytes=args.max_buffered_body_bytes,
     )
-    return _run_reporting_setup_errors(
-        lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
+    with traced("hedgerow-gateway"):
+        return _run_reporting_setup_errors(
+            lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
 
 
 def _networks(text: str) -> tuple[str, ...]:
@@ -739,7 +753,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     if tls is None:
         return 1
     options = dataclasses.replace(options, worker_id=worker_id, tls=tls)
-    run_until_signalled(lambda shutdown: run_worker(options, backend, shutdown))
+    with traced("hedgerow-worker"):
+        run_until_signalled(lambda shutdown: run_worker(options, backend, shutdown))
     return 0
 
 
