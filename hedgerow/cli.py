@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from gateway.quic_admission import QuicLimits
     from hedgerow.trust.process import InternalTls
     from hedgerow.redis_conn import RedisTls
-    from workers.sim_backend import LatencyModel
+    from workers.sim_backend import LatencyModel, SlowPeriods
 
 DEFAULT_CONTROL_PLANE = "https://127.0.0.1:8500"
 
@@ -525,6 +525,10 @@ def _add_sim_options(wk: argparse.ArgumentParser) -> None:
     group.add_argument("--sim-output-tokens", type=int, default=Sim.output_tokens,
                        help="tokens when a request sets no max_tokens")
     group.add_argument("--sim-seed", type=int, help="seed for reproducible runs")
+    group.add_argument("--sim-slow-periods", metavar="PROB:SECONDS:FACTOR",
+                       help="correlated stragglers: each SECONDS-long window of wall-clock time "
+                            "is slow (every sleep x FACTOR) with probability PROB, drawn from "
+                            "--sim-seed, so workers given one seed are slow together")
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
@@ -698,6 +702,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         prompt_reuse=args.prompt_reuse, prompt_lookup_tokens=args.prompt_lookup,
         warm_up=args.warm_up,
         sim=_latency_model(args) if args.backend == "sim" else None, sim_seed=args.sim_seed,
+        sim_slow_periods=_slow_periods(args) if args.backend == "sim" else None,
     )
     backend = build_sim_backend(options) if args.backend == "sim" else build_llama_backend(options)
     worker_id = options.worker_id or default_worker_id(backend)
@@ -725,7 +730,7 @@ def _internal_tls(args: argparse.Namespace, role: str, name: str, control_plane:
 
 
 def _latency_model(args: argparse.Namespace) -> LatencyModel:
-    from workers.sim_backend import LatencyModel
+    from workers.sim_backend import LatencyModel, SlowPeriods
 
     try:
         return LatencyModel(
@@ -736,6 +741,17 @@ def _latency_model(args: argparse.Namespace) -> LatencyModel:
             mid_stream_failure_probability=args.sim_midstream_fail_prob,
             output_tokens=args.sim_output_tokens,
         )
+    except ValueError as error:
+        raise SystemExit(f"hedgerow: {error}") from error
+
+
+def _slow_periods(args: argparse.Namespace) -> SlowPeriods | None:
+    from workers.sim_backend import SlowPeriods
+
+    if not args.sim_slow_periods:
+        return None
+    try:
+        return SlowPeriods.parse(args.sim_slow_periods, args.sim_seed or 0)
     except ValueError as error:
         raise SystemExit(f"hedgerow: {error}") from error
 
