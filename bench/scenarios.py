@@ -41,16 +41,21 @@ working directory (``--workdir`` keeps them).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import random
+import time
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
+
+import policies as policies_package
 
 from bench.loadgen import OpenLoop, RequestSpec, Target, http_version_from_env, run_load
 from bench.internal_tls import internal_tls
@@ -81,9 +86,11 @@ class SimWorker:
     straggler_prob: float = 0.0
     straggler_factor: float = 1.0
     seed: int = 0
+    slow_periods: str | None = None  # PROB:SECONDS:FACTOR, correlated stragglers
 
     def args(self) -> list[str]:
-        return ["--backend", "sim", "--slots", str(self.slots),
+        slow = ["--sim-slow-periods", self.slow_periods] if self.slow_periods else []
+        return [*slow, "--backend", "sim", "--slots", str(self.slots),
                 "--sim-prefill-ms-per-token", str(self.prefill_ms_per_token),
                 "--sim-decode-ms-per-token", str(self.decode_ms_per_token),
                 "--sim-jitter", str(self.jitter),
@@ -106,6 +113,42 @@ def running_stack(root: Path, policy_yaml: str, workers: list[SimWorker]) -> Ite
         yield stack
     finally:
         stack.stop_all()
+
+
+@contextmanager
+def running_stacks(root: Path, policies: dict[str, str],
+                   workers: list[SimWorker]) -> Iterator[dict[str, Stack]]:
+    """One stack per named policy, all running at once, for side-by-side measurement."""
+    with ExitStack() as stacks:
+        yield {name: stacks.enter_context(running_stack(root / name, policy, workers))
+               for name, policy in policies.items()}
+
+
+def measure_side_by_side(stacks: dict[str, Stack], rate: float, duration_s: float,
+                         factory: Callable[[int, random.Random], RequestSpec],
+                         seed: int) -> dict[str, LoadResult]:
+    """The same open-loop schedule (same seed) against every stack at the same time,
+    so whatever else this shared machine does hits every variant alike."""
+    results: dict[str, LoadResult] = {}
+
+    async def one(name: str, stack: Stack) -> None:
+        target = Target(stack.gateway_url, http_version=http_version_from_env(),
+                        ca_file=stack.ca_cert, request_timeout_s=120.0)
+        load = OpenLoop(rate_per_s=rate, duration_s=duration_s, max_in_flight=4000)
+        results[name] = await run_load(target, load, factory, seed=seed)
+
+    async def all_at_once() -> None:
+        async with anyio.create_task_group() as group:
+            for name, stack in stacks.items():
+                group.start_soon(one, name, stack)
+
+    anyio.run(all_at_once)
+    return results
+
+
+def machine_load() -> float:
+    """The 1-minute load average: these machines are shared, so every run records it."""
+    return round(os.getloadavg()[0], 2)
 
 
 def worker_generations(stack: Stack) -> int:
@@ -146,15 +189,19 @@ OVERLOAD_SLO_S = {"interactive": 0.5, "batch": 10.0}
 
 
 def overload_policy(mode: str) -> str:
-    edf = mode == "edf"
+    """``edf``: EDF + admission; ``fifo_admission``: FIFO + the same admission; ``fifo``: neither."""
+    if mode not in OVERLOAD_BASELINES:
+        raise ValueError(f"unknown overload mode {mode!r}")
+    admission = mode != "fifo"
     return f"""
 scheduling:
   max_queue: 20000
-  slo_admission: {str(edf).lower()}
-  order: {"edf" if edf else "fifo"}
+  slo_admission: {str(admission).lower()}
+  order: {"edf" if mode == "edf" else "fifo"}
   prefill_ms_per_token: 1.0
 timeouts: {{connect_ms: 2000, ttft_ms: 120000, idle_ms: 60000}}
 hedging: {{enabled: false}}
+cache: {{enabled: false}}  # not the subject; no embedding sidecar competing for the cores
 classes:
   - {{name: interactive, ttft_slo_ms: 500, deadline_ms: 400, hedge: false}}
   - {{name: batch, ttft_slo_ms: 10000, deadline_ms: 5000, hedge: false}}
@@ -215,41 +262,99 @@ def overload_summary(result: LoadResult) -> dict[str, Any]:
     }
 
 
-def overload(quick: bool, workdir: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class OverloadPlan:
+    rate: float = 32.0
+    duration_s: float = 20.0
+    # Also run FIFO without admission (alone, after the pair): the weak baseline
+    # that shows what admission alone buys.
+    with_fifo_alone: bool = True
+
+
+OVERLOAD_BASELINES = {
+    "edf": "EDF queue + SLO admission + deadline shedding (Hedgerow's shipped scheduling)",
+    "fifo_admission": "FIFO queue + the same SLO admission (the strongest honest baseline: "
+                      "what a gateway with admission control but no deadline ordering does)",
+    "fifo": "FIFO queue, no admission, no shedding (a plain proxy in front of the workers)",
+}
+
+
+def overload_workers() -> list[SimWorker]:
     # Capacity: 2 workers x 2 slots; a request is ~50 prompt tokens x 1 ms +
     # 10 tokens x 20 ms = ~0.25 s, so ~16 requests/s. Offered: 2x that.
-    workers = [SimWorker(f"sim-{i}", 2, 1.0, 20.0, jitter=0.1, seed=i) for i in range(2)]
-    rate, duration = 32.0, 20.0 if quick else 60.0
-    results: dict[str, Any] = {"offered_rps": rate, "duration_s": duration}
-    for mode in ("edf", "fifo"):
-        with running_stack(workdir / f"overload-{mode}", overload_policy(mode), workers) as stack:
-            result = measure(stack, rate, duration, mixed_factory(0.3, 10), seed=11)
-        write_plots(result, workdir / f"overload-{mode}")
+    return [SimWorker(f"sim-{i}", 2, 1.0, 20.0, jitter=0.1, seed=i) for i in range(2)]
+
+
+def overload(quick: bool, workdir: Path) -> dict[str, Any]:
+    return measure_overload(workdir, OverloadPlan(duration_s=20.0 if quick else 60.0))
+
+
+def measure_overload(workdir: Path, plan: OverloadPlan) -> dict[str, Any]:
+    """EDF + admission and FIFO + the same admission side by side (same arrivals, same
+    moment); then, if asked, FIFO with no admission alone."""
+    results: dict[str, Any] = {
+        "baseline": "fifo+admission", "baselines": OVERLOAD_BASELINES,
+        "offered_rps": plan.rate, "duration_s": plan.duration_s,
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "load_avg_1m_before": machine_load()}
+    pair = {"edf": overload_policy("edf"), "fifo_admission": overload_policy("fifo_admission")}
+    with running_stacks(workdir / "overload", pair, overload_workers()) as stacks:
+        measured = measure_side_by_side(stacks, plan.rate, plan.duration_s,
+                                        mixed_factory(0.3, 10), seed=11)
+    for mode, result in measured.items():
+        write_plots(result, workdir / "overload" / mode)
         results[mode] = overload_summary(result)
+    if plan.with_fifo_alone:
+        with running_stack(workdir / "overload-fifo", overload_policy("fifo"),
+                           overload_workers()) as stack:
+            result = measure(stack, plan.rate, plan.duration_s, mixed_factory(0.3, 10), seed=11)
+        write_plots(result, workdir / "overload-fifo")
+        results["fifo"] = overload_summary(result)
+    edf, base = (results[m]["interactive_slo_attainment"] for m in ("edf", "fifo_admission"))
+    results["attainment_edf_minus_baseline"] = round(edf - base, 4)
+    results["load_avg_1m_after"] = machine_load()
     return results
 
 
 # -- stragglers -----------------------------------------------------------------
 
 
-def stragglers_policy(hedge: bool) -> str:
+def shipped_hedging() -> dict[str, Any]:
+    """The hedging section of the shipped policy (``policies/default.yaml``), as a user gets it."""
+    import yaml
+
+    shipped = yaml.safe_load((Path(policies_package.__file__).parent / "default.yaml").read_text())
+    return dict(shipped["hedging"])
+
+
+HEDGE_MODES = ("hedge_on", "hedge_off")
+
+
+def stragglers_policy(hedging_enabled: bool = True) -> str:
+    """One gateway, two classes alike but for ``hedge``: requests of both run
+    interleaved on the same workers at the same moments. The hedge budget is
+    earned per request of either class, so its ratio is scaled to the hedged
+    share: hedges stay within the shipped 5% of the hedged requests."""
+    shipped = shipped_hedging()
+    hedging = {**shipped, "enabled": hedging_enabled,
+               "budget_ratio": shipped["budget_ratio"] * HEDGED_SHARE}
     return f"""
 scheduling: {{max_queue: 20000, slo_admission: false, order: edf, prefill_ms_per_token: 1.0}}
 timeouts: {{connect_ms: 2000, ttft_ms: 60000, idle_ms: 60000}}
-hedging:
-  enabled: {str(hedge).lower()}
-  quantile: 0.97
-  floor_ms: 20
-  ceiling_ms: 2000
-  min_samples: 20
-  budget_ratio: 0.05
-  budget_burst: 1
-anonymous_tenant: local
+hedging: {json.dumps(hedging)}
+cache: {{enabled: false}}  # not the subject; no embedding sidecar competing for the cores
 classes:
-  - {{name: interactive, ttft_slo_ms: 1000, deadline_ms: 60000, hedge: true}}
+  - {{name: hedged, ttft_slo_ms: 1000, deadline_ms: 60000, hedge: true}}
+  - {{name: unhedged, ttft_slo_ms: 1000, deadline_ms: 60000, hedge: false}}
 tenants:
-  - name: local
-    class: interactive
+  - name: hedge_on
+    class: hedged
+    api_key_sha256: ["{_key_hash('sk-hedge-on')}"]
+    limits: {{requests_per_s: 1000, requests_burst: 2000, tokens_per_min: 100000000,
+              tokens_burst: 10000000, max_concurrency: 10000}}
+  - name: hedge_off
+    class: unhedged
+    api_key_sha256: ["{_key_hash('sk-hedge-off')}"]
     limits: {{requests_per_s: 1000, requests_burst: 2000, tokens_per_min: 100000000,
               tokens_burst: 10000000, max_concurrency: 10000}}
 models:
@@ -257,39 +362,93 @@ models:
 """
 
 
-def single_factory(max_tokens: int) -> Callable[[int, random.Random], RequestSpec]:
+HEDGED_SHARE = 0.5
+
+
+def hedge_split_factory(max_tokens: int) -> Callable[[int, random.Random], RequestSpec]:
+    """Alternate requests between the hedged and the unhedged class."""
     def factory(index: int, rng: random.Random) -> RequestSpec:
+        mode = HEDGE_MODES[index % 2]
         body = {"model": MODEL, "stream": True, "max_tokens": max_tokens,
                 "messages": [{"role": "user", "content": f"{PROMPT} ({index})"}]}
-        return RequestSpec("interactive", body)
+        key = "sk-hedge-on" if mode == "hedge_on" else "sk-hedge-off"
+        return RequestSpec(mode, body, {"authorization": f"Bearer {key}"})
     return factory
 
 
+@dataclass(frozen=True)
+class StragglerPlan:
+    rate: float = 12.0  # both classes together
+    warm_up_s: float = 10.0  # unmeasured: fills the TTFT sketch and the hedge budget
+    duration_s: float = 40.0
+    straggler_prob: float = 0.02  # independent: each request on its own
+    slow_periods: str = "0.05:2:10"  # correlated: 5% of 2-s windows, per worker, 10x slower
+    cases: tuple[str, ...] = ("independent", "correlated")
+    hedging_enabled: bool = True  # False: the mechanism switched off (to see a claim fail)
+
+
+def straggler_workers(case: str, plan: StragglerPlan) -> list[SimWorker]:
+    # 3 workers x 2 slots; a request is ~55 prompt tokens x 2 ms (TTFT ~110 ms, a
+    # straggler's ~1.1 s: far above this shared machine's CPU noise) + 6 tokens x
+    # 10 ms, ~0.17 s: ~35 requests/s of capacity; run at about a third.
+    independent = case == "independent"
+    return [SimWorker(f"sim-{i}", 2, 2.0, 10.0, jitter=0.1,
+                      straggler_prob=plan.straggler_prob if independent else 0.0,
+                      straggler_factor=10.0, seed=100 + i,
+                      slow_periods=None if independent else plan.slow_periods)
+            for i in range(3)]
+
+
 def stragglers(quick: bool, workdir: Path) -> dict[str, Any]:
-    # 3 workers x 2 slots, ~0.15 s a request: ~40 requests/s of capacity; run at ~30%.
-    workers = [SimWorker(f"sim-{i}", 2, 1.0, 10.0, jitter=0.1, straggler_prob=0.02,
-                         straggler_factor=10.0, seed=100 + i) for i in range(3)]
-    rate, duration = 12.0, 40.0 if quick else 120.0
-    results: dict[str, Any] = {"offered_rps": rate, "duration_s": duration}
-    for mode, hedge in (("hedge_on", True), ("hedge_off", False)):
-        with running_stack(workdir / f"stragglers-{mode}", stragglers_policy(hedge),
-                           workers) as stack:
+    return measure_stragglers(workdir, StragglerPlan(duration_s=40.0 if quick else 120.0))
+
+
+def measure_stragglers(workdir: Path, plan: StragglerPlan) -> dict[str, Any]:
+    """Hedging on and off at the shipped settings, in one gateway on the same workers,
+    requests alternating between the two, for independent and correlated stragglers."""
+    results: dict[str, Any] = {
+        "baseline": "hedging off (a class with hedge: false, same gateway and workers)",
+        "hedging_settings": shipped_hedging(),
+        "hedge_budget_ratio_in_run": shipped_hedging()["budget_ratio"] * HEDGED_SHARE,
+        "offered_rps": plan.rate, "warm_up_s": plan.warm_up_s, "duration_s": plan.duration_s,
+        "straggler_prob": plan.straggler_prob, "slow_periods": plan.slow_periods,
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "load_avg_1m_before": machine_load()}
+    factory = hedge_split_factory(6)
+    for case in plan.cases:
+        root = workdir / f"stragglers-{case}"
+        with running_stack(root, stragglers_policy(plan.hedging_enabled),
+                           straggler_workers(case, plan)) as stack:
+            # A gateway that has been up a while: sketch filled, budget saved up.
+            measure(stack, plan.rate, plan.warm_up_s, factory, seed=7)
             before = worker_generations(stack)
-            result = measure(stack, rate, duration, single_factory(10), seed=23)
+            result = measure(stack, plan.rate, plan.duration_s, factory, seed=23)
             extra = worker_generations(stack) - before - len(result.records)
-        write_plots(result, workdir / f"stragglers-{mode}")
-        ttfts = [r.ttft_s for r in result.records if r.ok and r.ttft_s is not None]
-        hedged = sum(1 for r in result.records if r.headers.get("x-hedgerow-hedged") == "1")
-        results[mode] = {
-            "requests": len(result.records),
-            "ok": sum(1 for r in result.records if r.ok),
-            "ttft_p50_ms": _p(ttfts, 50),
-            "ttft_p99_ms": _p(ttfts, 99),
-            "ttft_p999_ms": _p(ttfts, 99.9),
-            "extra_request_fraction": round(max(0, extra) / max(1, len(result.records)), 4),
-            "hedge_wins": hedged,
-        }
+        write_plots(result, root)
+        out: dict[str, Any] = {}
+        for mode in HEDGE_MODES:
+            records = [r for r in result.records if r.tag == mode]
+            # Every extra generation is a hedge, and only hedged requests hedge.
+            out[mode] = straggler_summary(records, extra if mode == "hedge_on" else 0)
+        on, off = out["hedge_on"]["ttft_p99_ms"], out["hedge_off"]["ttft_p99_ms"]
+        out["p99_cut"] = round(1 - on / off, 3) if on is not None and off else None
+        results[case] = out
+    results["load_avg_1m_after"] = machine_load()
     return results
+
+
+def straggler_summary(records: list[RequestRecord], extra: int) -> dict[str, Any]:
+    ttfts = [r.ttft_s for r in records if r.ok and r.ttft_s is not None]
+    hedged = sum(1 for r in records if r.headers.get("x-hedgerow-hedged") == "1")
+    return {
+        "requests": len(records),
+        "ok": sum(1 for r in records if r.ok),
+        "ttft_p50_ms": _p(ttfts, 50),
+        "ttft_p99_ms": _p(ttfts, 99),
+        "ttft_p999_ms": _p(ttfts, 99.9),
+        "extra_request_fraction": round(max(0, extra) / max(1, len(records)), 4),
+        "hedge_wins": hedged,
+    }
 
 
 def throughput(quick: bool, workdir: Path) -> dict[str, Any]:
