@@ -37,7 +37,7 @@ def test_edf_meets_interactive_slos_that_fifo_with_the_same_admission_misses(
         monkeypatch.setattr(scenarios, "overload_policy",
                             lambda mode: original("fifo_admission" if mode == "edf" else mode))
     out = scenarios.measure_overload(tmp_path, scenarios.OverloadPlan(
-        duration_s=10.0, with_fifo_alone=False))
+        duration_s=12.0, rounds=2, with_fifo_alone=False))
     edf, fifo = out["edf"], out["fifo_admission"]
     assert out["baseline"] == "fifo+admission"
     # Quick runs measured 0.9-1.0 against 0.0-0.3 (docs/benchmarks.md).
