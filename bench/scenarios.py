@@ -1,8 +1,9 @@
 """Benchmark scenarios: each starts what it needs here and prints one JSON line.
 
-``overload``    mixed interactive/batch traffic at about twice capacity, run
-                twice side by side: EDF + admission, then plain FIFO with no
-                admission. Shows SLO attainment, what was shed and how fast.
+``overload``    mixed interactive/batch traffic at about twice capacity: EDF +
+                admission against FIFO + the same admission (the baseline),
+                in alternating rounds, then plain FIFO with no admission.
+                Shows SLO attainment, what was shed and how fast.
 ``overhead``    a fixed-latency worker measured directly, through Hedgerow
                 and through nginx in interleaved rounds (see ``bench.overhead``).
 ``internal-tls`` the same gateway and worker with internal mutual TLS and with
@@ -11,14 +12,18 @@
 ``throughput``  exact cache hits over HTTP/2 through Hedgerow vs a bare
                 Hypercorn hello-world app, interleaved, with h2load
                 (see ``bench.throughput``).
-``stragglers``  2% of requests ten times slower, hedging on and off. Shows
-                TTFT percentiles and the extra worker requests hedging cost.
+``stragglers``  hedging at the shipped settings on and off (two classes of
+                one gateway, requests interleaved), with 2% of requests ten
+                times slower (independent) and with workers slow for seconds
+                at a time (correlated, ``--sim-slow-periods``). Shows TTFT
+                percentiles and the extra worker requests hedging cost.
 ``worker``      the real bundled model in-process (``bench.worker_scenario``):
                 prompt reuse across turns, prompt-lookup decoding, warm
                 start and quantization tiers.
 ``pops``        two PoPs in network namespaces over an emulated WAN
-                (``bench.pops``): local-first versus locality-blind routing,
-                and one PoP's workers all killed. Needs root (``ip netns``).
+                (``bench.pops``): local-first versus local-only (the baseline)
+                and locality-blind routing, and one PoP's workers all killed,
+                with and without spilling. Needs root (``ip netns``).
 ``cache``       response-cache hit and miss latency through the gateway, semantic
                 precision and recall on the paraphrase set (``bench.cache_scenario``).
 ``attacks``     HTTP/2 floods (rapid reset, the 2019 family), a QUIC Initial flood and a
@@ -33,7 +38,8 @@
 
 The others run simulated workers (a latency model, ``--backend sim``). ``overload``
 and ``stragglers`` measure the gateway's scheduling with open-loop Poisson
-load whose latencies count from the intended send time. Each scenario writes
+load whose latencies count from the intended send time. Every scenario's JSON names
+the baseline it was measured against (``"baseline"``). Each scenario writes
 PNG plots (latency CDFs, latency over time) next to its process logs in the
 working directory (``--workdir`` keeps them).
 """
@@ -384,7 +390,7 @@ class StragglerPlan:
     warm_up_s: float = 10.0  # unmeasured: fills the TTFT sketch and the hedge budget
     duration_s: float = 40.0
     straggler_prob: float = 0.02  # independent: each request on its own
-    slow_periods: str = "0.05:2:10"  # correlated: 5% of 2-s windows, per worker, 10x slower
+    slow_periods: str = "0.1:3:10"  # correlated: 10% of 3-s windows, per worker, 10x slower
     cases: tuple[str, ...] = ("independent", "correlated")
     hedging_enabled: bool = True  # False: the mechanism switched off (to see a claim fail)
 
