@@ -15,6 +15,7 @@ fail. The recorded runs are in docs/benchmarks.md.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def test_edf_meets_interactive_slos_that_fifo_with_the_same_admission_misses(
                             lambda mode: original("fifo_admission" if mode == "edf" else mode))
     out = scenarios.measure_overload(tmp_path, scenarios.OverloadPlan(
         duration_s=12.0, rounds=2, with_fifo_alone=False))
+    print("overload:", json.dumps(out))  # the run's figures, for `pytest -rP`
     edf, fifo = out["edf"], out["fifo_admission"]
     assert out["baseline"] == "fifo+admission"
     # Quick runs measured 0.9-1.0 against 0.0-0.3 (docs/benchmarks.md).
@@ -51,6 +53,7 @@ def test_hedging_at_the_shipped_settings_cuts_the_ttft_p99_of_stragglers(tmp_pat
                                    straggler_prob=0.04, cases=("independent",),
                                    hedging_enabled="hedging" not in SWITCHED_OFF)
     out = scenarios.measure_stragglers(tmp_path, plan)["independent"]
+    print("stragglers:", json.dumps(out))
     on, off = out["hedge_on"], out["hedge_off"]
     assert on["ok"] == on["requests"] and off["ok"] == off["requests"], out
     # Stragglers (4%) set the unhedged p99; hedged, they are rescued after the
@@ -64,6 +67,7 @@ def test_cache_hit_throughput_against_hypercorn(tmp_path: Path) -> None:
     plan = ThroughputPlan(rounds=2, requests=1500, targets=(
         "bare_hypercorn", "hypercorn_transport", "hedgerow"))
     out = measure_throughput(tmp_path, plan)
+    print("throughput:", json.dumps(out))
     assert out["hedgerow"]["exact_hits"] == out["hedgerow"]["succeeded"] == 3000, out
     # Requests per CPU-second, Hedgerow over the stock server: 0.36-0.55 measured
     # (docs/benchmarks.md); a cache hit costing twice its CPU would fall to ~0.2.
@@ -80,6 +84,7 @@ def test_prompt_reuse_beats_none_and_keeps_up_with_the_library_default(
         monkeypatch.setitem(worker_scenario.REUSE_MODES, "reuse", {"prompt_reuse": False})
     plan = worker_scenario.ReusePlan(chats=3, turns=2, rules=8, answer_tokens=4)
     out = anyio.run(worker_scenario.measure_prompt_reuse, plan)
+    print("prompt reuse:", json.dumps(out))
     assert out["baseline"] == "library_default"
     assert out["reuse_ttft_speedup_vs_no_reuse"] >= 2.0, out
     assert out["reuse_ttft_speedup_vs_library_default"] >= 0.7, out
