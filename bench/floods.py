@@ -5,6 +5,9 @@ bounded in count and time.
 - ``quic_initial_flood``: real QUIC Initials (aioquic's packet builder), each
   from its own source port, paced; answers are read and classified (Retry or
   not) but never acted on.
+- ``quic_connection_flood``: real QUIC handshakes (aioquic's client state
+  machine, driven over plain UDP sockets) from one source address, each
+  completed connection then held open without a request.
 - ``connection_flood``: TCP connections from one source address, held open
   without ever starting TLS (or dropped at once); notes when the gateway cuts
   each one.
@@ -21,6 +24,7 @@ from pathlib import Path
 from aioquic.h3.connection import H3_ALPN
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import HandshakeCompleted
 
 # -- QUIC Initial flood ----------------------------------------------------------------
 
@@ -58,10 +62,12 @@ class QuicFloodResult:
     handshakes: dict[int, float] = field(default_factory=dict)
 
 
-def quic_initial_flood(port: int, ca_cert: Path, stop_at: float, *, sockets: int,
+def quic_initial_flood(port: int, ca_cert: Path, duration_s: float, *, sockets: int,
                        pps: float) -> QuicFloodResult:
     """Initials from ``sockets`` source ports in turn, at most ``pps`` a second on
-    average, until ``stop_at`` (monotonic)."""
+    average, for ``duration_s`` from the first one sent. (Building the Initials
+    comes first and takes seconds on a loaded machine: a deadline fixed before
+    it once left no time to send any.)"""
     target = ("127.0.0.1", port)
     initials = [quic_initial(port, ca_cert) for _ in range(sockets)]
     socks: list[socket.socket] = []
@@ -73,6 +79,7 @@ def quic_initial_flood(port: int, ca_cert: Path, stop_at: float, *, sockets: int
             sock.bind(("127.0.0.1", 0))
             sock.setblocking(False)
         started = time.monotonic()
+        stop_at = started + duration_s
         while time.monotonic() < stop_at:
             for index, (sock, initial) in enumerate(zip(socks, initials)):
                 while result.sent > (time.monotonic() - started) * pps:  # paced
@@ -105,6 +112,89 @@ def _drain(sock: socket.socket, index: int, result: QuicFloodResult, started: fl
                 result.first_retry_after_s = time.monotonic() - started
         elif index not in result.handshakes:
             result.handshakes[index] = time.monotonic() - started
+
+
+# -- QUIC connections from one IP, completed and held ------------------------------------
+
+
+@dataclass
+class QuicHold:
+    """QUIC connections from one source: the ones whose handshake completed are
+    held (nothing sent on them) until ``close``."""
+
+    target: tuple[str, int]
+    sockets: list[socket.socket] = field(default_factory=list)
+    connections: list[QuicConnection] = field(default_factory=list)
+    established: set[int] = field(default_factory=set)
+    sent: int = 0  # datagrams, retransmissions included
+
+    def close(self) -> None:
+        """Close the held connections (CONNECTION_CLOSE) and every socket."""
+        now = time.monotonic()
+        for index in self.established:
+            quic = self.connections[index]
+            quic.close()
+            for datagram, _ in quic.datagrams_to_send(now=now):
+                try:
+                    self.sockets[index].sendto(datagram, self.target)
+                except OSError:
+                    pass  # the server learns it from its idle timeout instead
+        for sock in self.sockets:
+            sock.close()
+
+
+def quic_connection_flood(port: int, ca_cert: Path, *, source: str, count: int,
+                          handshake_s: float) -> QuicHold:
+    """Start ``count`` QUIC handshakes from ``source`` at once and drive them
+    (retransmitting as aioquic's timers say) for ``handshake_s``; the caller
+    closes what it returns."""
+    hold = QuicHold(target=("127.0.0.1", port))
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            hold.sockets.append(sock)
+            sock.bind((source, 0))
+            sock.setblocking(False)
+            quic = QuicConnection(configuration=quic_client_configuration(ca_cert))
+            quic.connect(hold.target, now=time.monotonic())
+            hold.connections.append(quic)
+        deadline = time.monotonic() + handshake_s
+        with selectors.DefaultSelector() as selector:
+            for index, sock in enumerate(hold.sockets):
+                selector.register(sock, selectors.EVENT_READ, index)
+            while time.monotonic() < deadline and len(hold.established) < count:
+                _drive(hold)
+                for key, _ in selector.select(0.01):
+                    _receive(hold, key.data)
+            _drive(hold)  # the last Finished: the server completes its side too
+    except BaseException:
+        hold.close()
+        raise
+    return hold
+
+
+def _drive(hold: QuicHold) -> None:
+    now = time.monotonic()
+    for index, quic in enumerate(hold.connections):
+        timer = quic.get_timer()
+        if timer is not None and timer <= now:
+            quic.handle_timer(now=now)
+        for datagram, _ in quic.datagrams_to_send(now=now):
+            hold.sockets[index].sendto(datagram, hold.target)
+            hold.sent += 1
+
+
+def _receive(hold: QuicHold, index: int) -> None:
+    sock, quic = hold.sockets[index], hold.connections[index]
+    while True:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            break
+        quic.receive_datagram(data, hold.target, now=time.monotonic())
+    while (event := quic.next_event()) is not None:
+        if isinstance(event, HandshakeCompleted):
+            hold.established.add(index)
 
 
 # -- TCP connection flood from one IP ---------------------------------------------------

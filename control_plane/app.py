@@ -15,6 +15,7 @@ from typing import Any
 
 from control_plane.admin_auth import AdminGuard, CallerCheck, ControlPlaneRoutes
 from control_plane.bodies import parse_body
+from control_plane.key_api import KeyApi
 from control_plane.metrics import ControlPlaneMetrics
 from control_plane.policy_api import PolicyApi
 from control_plane.registry_actor import Beat, Deregister, Register, Snapshot
@@ -90,6 +91,9 @@ class ControlPlaneApp:
             self.admin_router.add("GET", "/healthz", self.healthz)
         if self.policy_api is not None:
             self.policy_api.add_routes(routes)
+            # Virtual keys are policy versions; their secret comes from the CA.
+            root = self.trust.book_mac_key() if self.trust is not None else None
+            KeyApi(self.policy_api.policies, root).add_routes(routes)
         if self.upstream_api is not None:
             self.upstream_api.add_routes(routes)
 

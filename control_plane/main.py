@@ -14,6 +14,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from control_plane.admin_auth import LOOPBACK, AdminGuard, admin_bind_host
 from control_plane.app import ControlPlaneApp
 from control_plane.metrics import ControlPlaneMetrics
+from control_plane.key_file import restore_keys, save_keys
 from control_plane.policy_service import start_policy_service
 from control_plane.registry import Registry
 from control_plane.registry_actor import RegistryActor
@@ -100,6 +101,11 @@ async def run_control_plane(
             factory = lambda: RegistryActor(registry, published, metrics)  # noqa: E731
         actor = await supervisor.spawn(factory, name="registry")
         policy_api = await start_policy_service(supervisor, policy_file, policy_dir, redis)
+        if redis is None and trust is not None:  # versions in memory: keep the keys on disk
+            keys_file = trust_options.state_dir / "keys.yaml"
+            await restore_keys(policy_api.policies, policy_api.published, keys_file)
+            supervisor.run_service("keys-file", partial(save_keys, policy_api.published,
+                                                        keys_file))
         upstream_api = await start_upstream_service(supervisor, actor, policy_api.published,
                                                     lease_s)
         app = ControlPlaneApp(actor, published, lease_s, HEARTBEAT_INTERVAL_S, metrics,

@@ -7,6 +7,11 @@ last good version stays current. Applying content identical to the current
 version (same checksum, whatever the formatting) is a no-op. A rollback never
 rewrites history; it creates a new version with an old version's content.
 Only the newest ``keep`` versions are retained.
+
+Virtual keys (``hedgerow key``) live in a block at the end of the text
+(``policies.keys``): a document applied without a keys section keeps the keys
+in force, and a rollback brings back an old version's configuration with
+today's keys, so it can never revive a revoked key nor drop a new one.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 
 from hedgerow.errors import UnknownPolicyVersion
 from hedgerow.wire import PolicyVersionInfo, PolicyVersionText
+from policies.keys import carry_keys, split_keys_block
 from policies.loader import parse_policy_document, policy_checksum
 from policies.schema import Policy
 
@@ -56,6 +62,7 @@ class PolicyStore:
 
     def apply(self, text: str, source: str, now: float) -> PolicyVersion:
         """Validate and activate ``text``; raises ``PolicyError`` (nothing changes)."""
+        text = carry_keys(text, self.current.text)
         policy = parse_policy_document(text, source)
         return self._activate(policy, text, source, now)
 
@@ -63,7 +70,11 @@ class PolicyStore:
         """A new version carrying the content of ``version`` (a no-op if current
         already has that content)."""
         old = self.get(version)
-        return self._activate(old.policy, old.text, f"rollback to v{version}", now)
+        source = f"rollback to v{version}"
+        text = carry_keys(split_keys_block(old.text)[0], self.current.text)
+        if text == old.text:
+            return self._activate(old.policy, old.text, source, now)
+        return self._activate(parse_policy_document(text, source), text, source, now)
 
     def get(self, version: int) -> PolicyVersion:
         for candidate in self._versions:

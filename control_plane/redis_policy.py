@@ -46,6 +46,7 @@ from hedgerow.actors import Actor
 from hedgerow.errors import SharedStateUnavailable, UnknownPolicyVersion
 from hedgerow.latest import LatestValue
 from hedgerow.wire import PolicyVersionInfo
+from policies.keys import carry_keys, split_keys_block
 from policies.loader import parse_policy_document, policy_checksum
 from policies.schema import Policy, PolicyError
 
@@ -109,13 +110,25 @@ class RedisPolicyStore:
         return int(number), _text(checksum)
 
     async def apply(self, text: str, source: str, now: float) -> tuple[PolicyVersion, bool]:
-        """Validate (off the event loop) and activate; raises ``PolicyError``."""
+        """Validate (off the event loop) and activate; raises ``PolicyError``.
+        Without a keys section the current keys carry over (``policies.keys``)."""
+        text = carry_keys(text, await self._current_text())
         policy = await anyio.to_thread.run_sync(parse_policy_document, text, source)
         return await self._activate(policy, text, source, now)
 
     async def rollback(self, version: int, now: float) -> tuple[PolicyVersion, bool]:
         old = await self.get(version)
-        return await self._activate(old.policy, old.text, f"rollback to v{version}", now)
+        source = f"rollback to v{version}"
+        text = carry_keys(split_keys_block(old.text)[0], await self._current_text())
+        if text == old.text:
+            return await self._activate(old.policy, old.text, source, now)
+        policy = await anyio.to_thread.run_sync(parse_policy_document, text, source)
+        return await self._activate(policy, text, source, now)
+
+    async def _current_text(self) -> str:
+        number = await self.current_version()
+        return "" if number == 0 else _text(
+            await self.redis.hget(self._text, str(number)))  # type: ignore[misc]
 
     async def current_version(self) -> int:
         return int(await self.redis.get(self._current) or 0)

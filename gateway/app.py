@@ -40,10 +40,12 @@ from gateway.dialects import (
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
 from gateway.embeddings import EmbeddingModel
+from gateway.key_gate import KeyGate
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics
 from gateway.usage_metrics import policy_prices
 from gateway.page import CHAT_PAGE, CHAT_PAGE_CSP
-from gateway.cache import CacheEntry, Hit, ResponseCache
+from gateway.cache import Hit, ResponseCache
+from gateway.cache.entry import entry_from_fold
 from gateway.cache.keys import bypasses_lookup, cacheable
 from gateway.generation import Generation, classify
 from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
@@ -86,7 +88,8 @@ from policies.schema import Policy, PriorityClass
 from policies.affinity import conversation_key
 from policies.request_limits import check_request_limits
 from policies.scoring import RouteRequest
-from policies.tenancy import Identity, identify
+from policies.keys import check_model_allowed
+from policies.tenancy import Identity
 
 log = logging.getLogger("hedgerow.gateway")
 
@@ -111,6 +114,8 @@ class GatewayApp:
     body_budget: BodyBudget = field(default_factory=BodyBudget)
     # One JSON line per completion request on the ``hedgerow.access`` logger.
     access_log: AccessLog = field(default_factory=AccessLog)
+    # Identity (legacy digests and virtual keys), key allowlists, limits, budgets.
+    keys: KeyGate = field(default_factory=KeyGate)
     streams: StreamBook = field(init=False)
     _flights: dict[str, Flight] = field(init=False, default_factory=dict)
     # /v1/embeddings: the semantic cache's embedder (None: no cache, no route to it).
@@ -231,7 +236,7 @@ class GatewayApp:
         if self.drain.draining:
             raise GatewayDraining("this gateway is shutting down; retry", retry_after=1)
         policy = self.policy
-        identity = identify(policy, request.header("authorization"))
+        identity = self.keys.identify(policy, request.header("authorization"))
         observed.identified(identity.tenant, identity.priority_class, policy_prices(policy))
         _require_json(request)
         body = await request.body(policy.limits.max_body_bytes,
@@ -243,6 +248,7 @@ class GatewayApp:
             raise ModelNotFound(f"the embedding model {parsed.model!r} does not exist; "
                                 f"{embeddings_api.MODEL!r} is served", param="model")
         observed.labelled(embeddings_api.MODEL, identity.priority_class)
+        check_model_allowed(identity.key, embeddings_api.MODEL)
         texts = parsed.texts()
         counts = await model.token_counts(texts)
         embeddings_api.check_token_counts(counts)
@@ -284,6 +290,7 @@ class GatewayApp:
             observed.failed(error)
             raise
         finally:
+            await self.keys.settle(request.scope["hedgerow.request_id"], observed.usage)
             observed.finished(time.monotonic())
             self.access_log.write(observed, request.scope)
 
@@ -295,7 +302,7 @@ class GatewayApp:
         # The policy in force when the request arrived governs it to the end,
         # even if a new version is swapped in meanwhile.
         policy = self.policy
-        identity = identify(policy, dialect.credential(request))
+        identity = self.keys.identify(policy, dialect.credential(request))
         observed.identified(identity.tenant, identity.priority_class, policy_prices(policy))
         _require_json(request)
         body = await request.body(policy.limits.max_body_bytes,
@@ -311,6 +318,9 @@ class GatewayApp:
         model = policy.canonical_model(parsed.model)
         self._ensure_model_known(policy, model)
         observed.labelled(model, identity.priority_class)
+        await self.keys.admit(request.scope["hedgerow.request_id"], identity, policy, model,
+                              estimate_prompt_tokens(parsed),
+                              parsed.token_limit() or DEFAULT_OUTPUT_ESTIMATE)
         arrived = time.monotonic()
         # A bad deadline header is refused even when the cache could answer.
         klass = policy.priority_class(identity.priority_class)
@@ -366,7 +376,8 @@ class GatewayApp:
         return Ticket(
             request_id=asked.request_id, tenant=identity.tenant,
             model=model, arrival=now, due=now + due_ms / 1000, deadline=now + deadline_ms / 1000,
-            estimated_tokens=prompt_tokens + (parsed.token_limit() or DEFAULT_OUTPUT_ESTIMATE),
+            estimated_tokens=prompt_tokens + (parsed.token_limit() or DEFAULT_OUTPUT_ESTIMATE)
+            * parsed.n,
             # Only idempotent requests race on two workers.
             route=route, hedgeable=klass.hedge and not parsed.store, policy=policy)
 
@@ -506,9 +517,10 @@ class GatewayApp:
         if self.cache is None or outcome is None or outcome.failed or not outcome.complete:
             return
         ticket = wanted.ticket
-        entry = CacheEntry("".join(outcome.text), outcome.finish_reason, outcome.prompt_tokens,
-                           outcome.completion_tokens, ticket.model, oa.now_created(),
-                           chat=wanted.chat)
+        entry = entry_from_fold(outcome.fold, outcome.finish_reason, outcome.prompt_tokens,
+                                outcome.completion_tokens, ticket.model, oa.now_created())
+        if entry is None:  # an answer the cache could not give back exactly
+            return
         with anyio.CancelScope(shield=True):
             await self.cache.store(ticket.tenant, ticket.model, caching.request_json, entry,
                                    caching.headers)
@@ -563,7 +575,7 @@ class GatewayApp:
 
     async def resume(self, request: Request) -> None:
         """``GET …/{request_id}/events`` with ``Last-Event-ID``: the events after it, then live."""
-        identity = identify(self.policy, request.header("authorization"))
+        identity = self.keys.identify(self.policy, request.header("authorization"))
         stream = self.streams.find(request.path_params["request_id"], identity.tenant,
                                    time.monotonic())
         after = _last_event_id(request)
@@ -584,7 +596,7 @@ class GatewayApp:
 
     async def cancel_stream(self, request: Request) -> None:
         """``POST …/{request_id}/cancel``: stop the generation now, for every reader."""
-        identity = identify(self.policy, request.header("authorization"))
+        identity = self.keys.identify(self.policy, request.header("authorization"))
         stream = self.streams.find(request.path_params["request_id"], identity.tenant,
                                    time.monotonic())
         running = not stream.finished

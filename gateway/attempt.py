@@ -99,13 +99,21 @@ def upstream_chunk(event: SseEvent) -> dict[str, Any] | None:
     return chunk
 
 
+# Delta fields that are generated output: a streamed tool call or reasoning
+# starts an answer as surely as text does (first token, hedging, TTFT timeout).
+OUTPUT_DELTA_FIELDS = ("content", "tool_calls", "reasoning_content", "reasoning", "refusal")
+
+
 def carries_output(chunk: dict[str, Any] | None) -> bool:
     """True for a token, a finish or the end (None): anything but a bare role chunk."""
     if chunk is None or not chunk.get("choices"):
         return True
     choice = chunk["choices"][0]
     delta = choice.get("delta") or {}
-    return bool(delta.get("content") or choice.get("text") or choice.get("finish_reason"))
+    if not isinstance(delta, dict):
+        return True  # malformed: let the relay refuse it
+    return bool(any(delta.get(name) for name in OUTPUT_DELTA_FIELDS)
+                or choice.get("text") or choice.get("finish_reason"))
 
 
 def request_url(registration: WorkerRegistration, path: str) -> str:

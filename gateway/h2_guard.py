@@ -29,7 +29,13 @@ failure. The guard refuses such a stream with REFUSED_STREAM instead (RFC
 
 Each connection also spends from an ``H2Budget`` (``gateway.h2_budget``):
 streams, client resets, PINGs, SETTINGS and empty frames, counted one read
-at a time. A client past a budget gets GOAWAY (ENHANCE_YOUR_CALM) and the
+at a time; WINDOW_UPDATE frames against the DATA frames sent; RST_STREAM
+frames h2 answers protocol errors with. h2 drops a WINDOW_UPDATE for a
+closed stream, and resets a stream written to after it closed, without an
+event, so those are counted on the connection's h2 state machine itself,
+as it parses and sends (``_count_frames``: its WINDOW_UPDATE handler,
+``receive_data``, ``_prepare_for_sending`` and ``send_data``, wrapped on
+each connection when hypercorn starts it). A client past a budget gets GOAWAY (ENHANCE_YOUR_CALM) and the
 connection closes, as nginx and Envoy answer HTTP/2 floods. And after
 ``config.keep_alive_max_requests`` streams a connection drains gracefully:
 GOAWAY (NO_ERROR) naming the last stream it will serve, which with every
@@ -49,7 +55,8 @@ import h2.events
 from h2.errors import ErrorCodes
 from h2.exceptions import StreamClosedError
 from h2.settings import SettingCodes
-from hyperframe.frame import GoAwayFrame
+from h2.connection import H2Connection
+from hyperframe.frame import Frame, GoAwayFrame, RstStreamFrame, WindowUpdateFrame
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
@@ -62,6 +69,7 @@ _ORIGINAL = "_hedgerow_unguarded_handle_events"
 _ORIGINAL_SEND = "_hedgerow_unguarded_stream_send"
 _ORIGINAL_CLOSE = "_hedgerow_unguarded_close_stream"
 _ORIGINAL_SEND_DATA = "_hedgerow_unguarded_send_data"
+_ORIGINAL_INITIATE = "_hedgerow_unguarded_initiate"
 _STATE = "_hedgerow_guard"
 DEFAULT_LIMITS = H2Limits()
 
@@ -108,28 +116,41 @@ class _Guard:
         self.drain_after: int | None = None  # the last stream served, once draining
         self.served = 0  # streams handed to the app
         self.last_served = 0  # the highest of them: a GOAWAY names it
+        # WINDOW_UPDATE frames h2 parsed in the read being handled.
+        self.window_updates = 0
+        # RST_STREAM frames h2 queued itself while parsing that read.
+        self.error_resets = 0
+        self.parsing = False
 
 
 # The versions these patches were written and tested against (checked by
-# tests/unit/test_h2_budget.py): they wrap four methods of hypercorn's
-# H2Protocol and read h2's events and H2Connection.
+# tests/unit/test_h2_budget.py): they wrap five methods of hypercorn's
+# H2Protocol, read h2's events and H2Connection, and wrap one entry of each
+# H2Connection's frame dispatch table and its ``send_data``.
 HYPERCORN_VERSION = "0.18.0"
 H2_VERSION = "4.4.1"
 
 
 def install_h2_guard() -> None:
-    """Wrap ``H2Protocol._handle_events``, ``stream_send``, ``_send_data`` and
-    ``_close_stream`` in place (hypercorn ``HYPERCORN_VERSION``); idempotent."""
+    """Wrap ``H2Protocol._handle_events``, ``stream_send``, ``_send_data``,
+    ``_close_stream`` and ``initiate`` in place (hypercorn ``HYPERCORN_VERSION``);
+    idempotent."""
     if hasattr(H2Protocol, _ORIGINAL):
         return
     original = H2Protocol._handle_events
     original_send = H2Protocol.stream_send
     original_close = H2Protocol._close_stream
     original_send_data = H2Protocol._send_data
+    original_initiate = H2Protocol.initiate
     setattr(H2Protocol, _ORIGINAL, original)
     setattr(H2Protocol, _ORIGINAL_SEND, original_send)
     setattr(H2Protocol, _ORIGINAL_CLOSE, original_close)
     setattr(H2Protocol, _ORIGINAL_SEND_DATA, original_send_data)
+    setattr(H2Protocol, _ORIGINAL_INITIATE, original_initiate)
+
+    async def initiate(self: H2Protocol, *args: Any, **kwargs: Any) -> None:
+        _guard(self)  # counting from the first byte the client sends
+        await original_initiate(self, *args, **kwargs)
 
     async def handle_events(self: H2Protocol, events: list[h2.events.Event]) -> None:
         guard = _guard(self)
@@ -139,16 +160,17 @@ def install_h2_guard() -> None:
         # it at once, so a reset in it arrived before any answer we would
         # send while handling it (as Envoy, which handles a read in one go,
         # sees it), and an abuser's last read starts no work at all.
-        verdict = _charge(guard.budget, events, self.context.time())
+        verdict = _charge(guard, events, self.context.time())
         if verdict is not None:
             await _calm(self, guard, verdict)
             return
         # One at a time: a stream exists only once the RequestReceived before
         # its DATA in the same batch has been handled.
+        reset = _reset_streams(events)
         for event in events:
             if guard.cut:
                 return  # drained and closed
-            if _beyond_goaway(guard, event):
+            if _beyond_goaway(guard, event) or _stillborn(event, reset):
                 guard.budget.stream_closed(event.stream_id)  # type: ignore[attr-defined]
             elif _refused_while_draining(self, event):
                 guard.budget.stream_closed(event.stream_id)  # type: ignore[attr-defined]
@@ -175,6 +197,7 @@ def install_h2_guard() -> None:
     H2Protocol.stream_send = stream_send  # type: ignore[method-assign]
     H2Protocol._close_stream = close_stream  # type: ignore[method-assign]
     H2Protocol._send_data = send_data  # type: ignore[method-assign]
+    H2Protocol.initiate = initiate  # type: ignore[method-assign]
 
 
 def _guard(protocol: Any) -> _Guard:
@@ -183,17 +206,70 @@ def _guard(protocol: Any) -> _Guard:
         limits = getattr(protocol.config, "h2_limits", DEFAULT_LIMITS)
         guard = _Guard(limits, protocol.context.time())
         setattr(protocol, _STATE, guard)
+        _count_frames(protocol.connection, guard)
     return guard
 
 
-def _charge(budget: H2Budget, events: list[h2.events.Event], now: float) -> str | None:
-    """Charge one read's events to the connection's budget; the first verdict."""
+def _count_frames(connection: H2Connection, guard: _Guard) -> None:
+    """Charge every WINDOW_UPDATE frame h2 parses and every RST_STREAM it
+    answers with while parsing, and count every DATA frame it is asked to
+    send, on this one connection. h2 drops a WINDOW_UPDATE for a closed
+    stream without an event, and resets a stream the client keeps writing to
+    after it closed without one either, so events alone would miss a flood
+    of them; its dispatch table is per instance (``H2Connection.__init__``)."""
+    table = connection._frame_dispatch_table
+    receive_window_update = table[WindowUpdateFrame]
+    send_data = connection.send_data
+    receive_data = connection.receive_data
+    prepare_for_sending = connection._prepare_for_sending
+
+    def parsed(data: Any) -> list[h2.events.Event]:
+        guard.parsing = True
+        try:
+            return receive_data(data)
+        finally:
+            guard.parsing = False
+
+    def counted_prepare(frames: list[Frame]) -> None:
+        # While parsing, every frame h2 queues answers the client's bytes;
+        # a RST_STREAM there is one the client's protocol error cost us
+        # (our own resets, and hypercorn's, are sent outside ``receive_data``).
+        if guard.parsing:
+            guard.error_resets += sum(isinstance(f, RstStreamFrame) for f in frames)
+        prepare_for_sending(frames)
+
+    def counted_window_update(frame: WindowUpdateFrame) -> Any:
+        guard.window_updates += 1  # charged with the read's events (``_charge``)
+        return receive_window_update(frame)
+
+    def counted_send_data(stream_id: int, data: bytes | memoryview, end_stream: bool = False,
+                          pad_length: Any = None) -> None:
+        send_data(stream_id, data, end_stream=end_stream, pad_length=pad_length)
+        guard.budget.data_frame_sent()  # hypercorn sends one frame a call
+
+    table[WindowUpdateFrame] = counted_window_update
+    connection.send_data = counted_send_data  # type: ignore[method-assign]
+    connection.receive_data = parsed  # type: ignore[method-assign]
+    connection._prepare_for_sending = counted_prepare  # type: ignore[method-assign]
+
+
+def _charge(guard: _Guard, events: list[h2.events.Event], now: float) -> str | None:
+    """Charge one read's RST_STREAM frames h2 answered it with, its events,
+    then its WINDOW_UPDATE frames, to the connection's budget; the first
+    verdict."""
+    budget = guard.budget
     budget.begin_read()
+    updates, guard.window_updates = guard.window_updates, 0
+    resets, guard.error_resets = guard.error_resets, 0
+    # The read's error resets first: a read that crosses that budget also
+    # opens many streams, and the verdict should name the abuse.
+    if resets and (verdict := budget.error_resets_sent(resets)) is not None:
+        return verdict
     for event in events:
         verdict = _spend(budget, event, now)
         if verdict is not None:
             return verdict
-    return None
+    return budget.window_updates_received(updates) if updates else None
 
 
 def _spend(budget: H2Budget, event: h2.events.Event, now: float) -> str | None:
@@ -233,6 +309,21 @@ async def _calm(protocol: Any, guard: _Guard, verdict: str) -> None:
                                          last_stream_id=guard.last_served)
     await protocol._flush()
     await protocol.send(Closed())
+
+
+def _reset_streams(events: list[h2.events.Event]) -> set[int]:
+    return {event.stream_id for event in events if isinstance(event, h2.events.StreamReset)}
+
+
+def _stillborn(event: h2.events.Event, reset: set[int]) -> bool:
+    """A new stream reset in the read that opened it, by the client (Rapid
+    Reset) or by h2 for the client's protocol error (a reset flood): h2 has
+    closed it already, so it starts no work. Hypercorn would start the app
+    for it and cancel it at once; an abuser's hundred such streams a read
+    each cost a whole request (~20 ms on a loaded test machine) and delayed
+    everyone else's by seconds. Its StreamReset finds no stream and is a
+    no-op; DATA before the reset is settled as late data."""
+    return isinstance(event, h2.events.RequestReceived) and event.stream_id in reset
 
 
 def _beyond_goaway(guard: _Guard, event: h2.events.Event) -> bool:

@@ -24,9 +24,12 @@ from gateway.dispatch import Dispatcher
 from gateway.drain import Drain
 from gateway.devcert import ensure_dev_certificate
 from gateway.follower import RegistryFollower
+from gateway.key_gate import KeyGate, LocalBudgets
+from gateway.key_secret import KeySecretFetcher
 from gateway.policy_follower import PolicyFollower, RunningPolicy
 from gateway.scheduler import Scheduler
 from gateway.scheduling import CLOCK_RESTARTS, SchedulerClock, SchedulerDoor
+from gateway.shared_budgets import SharedBudgets
 from gateway.shared_limits import open_shared_limits
 from gateway.quic_admission import QuicFrontDoor, QuicLimits
 from gateway.h2_budget import H2Limits
@@ -157,6 +160,11 @@ async def run_gateway(
                              Dispatcher(scheduler, workers, policy), cache=cache,
                              awaiting_policy=following,
                              body_budget=BodyBudget(options.max_buffered_body_bytes))
+            # Budgets across gateways through the shared limits' Redis, else this gateway's own.
+            app.keys = KeyGate(budgets=SharedBudgets(shared.redis) if shared is not None
+                               else LocalBudgets(), shared_rates=shared)
+            supervisor.run_service("key-secret", KeySecretFetcher(
+                options.control_plane, app.keys, verify=tls.client()).run)
             app.metrics.watch_body_budget(app.body_budget.stats)
             app.metrics.watch_cache(cache.stats)
             connections = ConnectionCap(fit_file_limit(options.max_connections),

@@ -375,7 +375,8 @@ def _source_families(stats: Mapping[str, Any] | None) -> list[Metric]:
         return []
     return [
         _counter("hedgerow_connections_refused_per_client_total", "TCP connections closed "
-                 "at accept, before TLS, by a per-client limit: ip_open/prefix_open "
+                 "at accept, before TLS, and QUIC Initials dropped, by a per-client limit "
+                 "(TCP and QUIC count together): ip_open/prefix_open "
                  "(--max-connections-per-ip/-prefix), ip_rate/prefix_rate "
                  "(--new-connections-per-ip/-prefix).", "limit", stats["refused"]),
         _gauge("hedgerow_connection_sources", "Client IPs and prefixes tracked: open (with "
@@ -451,7 +452,7 @@ def quic_families(stats: Mapping[str, Any]) -> list[Metric]:
     if not stats:
         return []
     reasons = {reason: stats["refused"].get(reason, 0) for reason in
-               ("half_open", "per_source", "connection_cap", "invalid_token")}
+               ("half_open", "per_source", "per_client", "connection_cap", "invalid_token")}
     return [
         _gauge("hedgerow_quic_half_open", "QUIC connections whose handshake is not done.",
                None, {"": stats["half_open"]}),
@@ -466,9 +467,14 @@ def quic_families(stats: Mapping[str, Any]) -> list[Metric]:
         _counter("hedgerow_quic_handshake_timeouts_total", "QUIC connections closed with "
                  "their handshake not done in --quic-handshake-timeout-s.", None,
                  {"": stats["handshake_timeouts"]}),
-        _counter("hedgerow_h3_headers_refused_total", "HTTP/3 connections closed for a "
-                 "header section over --h3-max-field-section-bytes.", None,
+        _counter("hedgerow_h3_headers_refused_total", "HTTP/3 requests refused for a "
+                 "header section over --h3-max-field-section-bytes (answered 431 on their "
+                 "stream, or their connection closed).", None,
                  {"": stats["h3_headers_refused"]}),
+        _counter("hedgerow_h3_header_connections_cut_total", "HTTP/3 connections closed "
+                 "(H3_EXCESSIVE_LOAD) for oversized header sections: past "
+                 "--h3-max-refused-header-sections of them, or in trailers.", None,
+                 {"": stats.get("h3_connections_cut", 0)}),
     ]
 
 

@@ -14,12 +14,29 @@ packet's addresses and token and an injected ``now``, one of:
   expired: close at once (RFC 9000 8.1.3).
 - ``DROP``: too many half-open (handshake not done) connections in all
   (``max_half_open``) or from this source (``max_half_open_per_source``; the
-  source is the IPv4 address or the IPv6 /64), or the shared TCP+QUIC
-  ``ConnectionCap`` is full. The client's handshake times out as for a lost
-  packet.
-- ``ADMIT``: open a connection (``open``), tracked as half-open until its
-  handshake completes (``established``) or ``handshake_timeout_s`` passes
-  (the caller closes it and reports ``closed``).
+  source is the IPv4 address or the IPv6 /64), the client's IP or prefix is
+  over its per-client limits (the cap's ``SourceLimits``, the very instance
+  the TCP listener asks: open connections and new connections a second
+  count TCP and QUIC together, so a client cannot double its share by using
+  both), or the shared TCP+QUIC ``ConnectionCap`` is full. The client's
+  handshake times out as for a lost packet.
+- ``ADMIT``: open a connection (``open``: it takes its per-client slots and a
+  slot of the cap), tracked as half-open until its handshake completes
+  (``established``) or ``handshake_timeout_s`` passes (the caller closes it
+  and reports ``closed``, which gives every slot back).
+
+The per-client limits are asked after the Retry decision: when a Retry is
+sent, only a client that came back with its token (a proven address) is
+counted, so a spoofed flood cannot spend a real client's budget. Below the
+auto-Retry threshold (or with ``retry`` ``never``) an Initial is admitted
+unproven, and it is counted against the address it claims, as TCP counts
+the address that completed its handshake.
+
+Why ``max_half_open_per_source`` (32) is below ``retry_above_half_open``
+(64): one source alone cannot switch Retry on for everyone (each new client
+would pay a round trip for one noisy address); it takes at least two.
+Above the threshold a source is both Retried and capped: the cap then
+bounds what a source with a proven address can hold in handshakes.
 
 Tokens are AES-GCM sealed (key per process, never stored), bound to the
 client's IP and port and the connection ids of the exchange, and expire after
@@ -41,6 +58,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gateway.connection_cap import ConnectionCap
+from gateway.source_limits import SourceLimits
 
 Address = tuple[Any, ...]  # (host, port, ...) as asyncio reports a datagram's source
 
@@ -62,6 +80,9 @@ class QuicLimits:
     # The HEADERS frame as sent and the field section once decoded (names +
     # values + 32 bytes a line, RFC 9114 4.2.2), like h2's header list limit.
     h3_max_field_section_bytes: int = 64 * 1024
+    # Requests over it are answered 431, one stream each; past this many on
+    # one connection (or over it in trailers) the connection is closed.
+    h3_max_refused_header_sections: int = 8
     # 0: no QPACK dynamic table, so a small HEADERS frame cannot inflate into
     # a large field section by repeating references to big table entries.
     h3_qpack_table_bytes: int = 0
@@ -78,7 +99,7 @@ class QuicLimits:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         for name in ("max_half_open", "max_half_open_per_source", "h3_max_field_section_bytes",
-                     "max_data_bytes", "max_stream_data_bytes"):
+                     "h3_max_refused_header_sections", "max_data_bytes", "max_stream_data_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if not self.handshake_timeout_s > 0 or not self.token_lifetime_s > 0:
@@ -173,17 +194,34 @@ class QuicFrontDoor:
         self.limits = limits
         self.cap = cap
         self.tokens = tokens or RetryTokens(limits.token_lifetime_s)
-        self._half_open: dict[int, tuple[str, float]] = {}  # handle -> (source, opened at)
+        # handle -> (source, opened at); the per-client limits' address per
+        # connection holding their slots (None: exempt, or no limits).
+        self._half_open: dict[int, tuple[str, float]] = {}
         self._per_source: Counter[str] = Counter()
         self._established: set[int] = set()
+        self._clients: dict[int, str | None] = {}
         self.refused: Counter[str] = Counter()  # by reason
         self.retries_sent = 0
         self.handshake_timeouts = 0
-        self.h3_headers_refused = 0
+        self.h3_headers_refused = 0  # header sections over the limit (431 or cut)
+        self.h3_connections_cut = 0  # of them, the ones that closed their connection
 
     @property
     def half_open(self) -> int:
         return len(self._half_open)
+
+    @property
+    def sources(self) -> SourceLimits | None:
+        """The per-client limits, shared with the TCP listener (the cap's)."""
+        return self.cap.sources if self.cap is not None else None
+
+    def _limited(self, address: Address) -> str | None:
+        """The address the per-client limits count, or None (none, or exempt)."""
+        sources = self.sources
+        host = str(address[0]) if address else ""
+        if sources is None or not host or sources.exempt(host):
+            return None
+        return host
 
     def retry_required(self) -> bool:
         if self.limits.retry == "always":
@@ -210,6 +248,11 @@ class QuicFrontDoor:
             return Admission(Verdict.RETRY, reason="retry")
         if self._per_source[source_key(address)] >= self.limits.max_half_open_per_source:
             return self._refuse("per_source")
+        client = self._limited(address)
+        if client is not None:
+            assert self.sources is not None
+            if self.sources.check(client, now) is not None:
+                return self._refuse("per_client")
         if self.cap is not None and self.cap.open >= self.cap.limit:
             self.cap.refused += 1
             return self._refuse("connection_cap")
@@ -220,14 +263,25 @@ class QuicFrontDoor:
         return self.tokens.seal(address, original_cid, retry_cid, now)
 
     def open(self, handle: int, address: Address, now: float) -> bool:
-        """Take a slot for an admitted connection; False: none left (the cap
-        is shared with TCP, which may have taken the last one meanwhile)."""
+        """Take the client's slots and one of the cap for an admitted
+        connection; False: none left (both are shared with TCP, which may
+        have taken the last one since ``screen``)."""
+        client = self._limited(address)
+        if client is not None:
+            assert self.sources is not None
+            if self.sources.admit(client, now) is not None:
+                self.refused["per_client"] += 1
+                return False
         if self.cap is not None and not self.cap.try_open():
+            if client is not None:
+                assert self.sources is not None
+                self.sources.release(client, now)
             self.refused["connection_cap"] += 1
             return False
         source = source_key(address)
         self._half_open[handle] = (source, now)
         self._per_source[source] += 1
+        self._clients[handle] = client
         return True
 
     def is_half_open(self, handle: int) -> bool:
@@ -240,7 +294,8 @@ class QuicFrontDoor:
         if self._forget_half_open(handle):
             self._established.add(handle)
 
-    def closed(self, handle: int, *, timed_out: bool = False) -> None:
+    def closed(self, handle: int, now: float, *, timed_out: bool = False) -> None:
+        """The connection is gone: every slot it held is given back (once)."""
         known = self._forget_half_open(handle)
         if handle in self._established:
             self._established.discard(handle)
@@ -251,6 +306,9 @@ class QuicFrontDoor:
             self.handshake_timeouts += 1
         if self.cap is not None:
             self.cap.close()
+        client = self._clients.pop(handle, None)
+        if client is not None and self.sources is not None:
+            self.sources.release(client, now)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -261,6 +319,7 @@ class QuicFrontDoor:
             "retries_sent": self.retries_sent,
             "handshake_timeouts": self.handshake_timeouts,
             "h3_headers_refused": self.h3_headers_refused,
+            "h3_connections_cut": self.h3_connections_cut,
         }
 
     def _forget_half_open(self, handle: int) -> bool:

@@ -14,8 +14,9 @@ declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
    packets of open connections need.
 2. ``QuicProtocol.handle`` builds admitted connections itself (the lines of
    hypercorn's own, plus aioquic's ``original_destination_connection_id`` /
-   ``retry_source_connection_id`` after a Retry), takes a slot of the shared
-   ``ConnectionCap`` and starts a handshake timer; everything else goes to
+   ``retry_source_connection_id`` after a Retry), takes the client's slots
+   of the per-client limits and one of the ``ConnectionCap`` (both shared
+   with TCP) and starts a handshake timer; everything else goes to
    hypercorn's ``handle`` unchanged.
 3. ``QuicProtocol._handle_events`` reports each connection's handshake done
    (aioquic's ``_handshake_complete``) and its end (hypercorn forgets its ids)
@@ -25,7 +26,23 @@ declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
 4. ``hypercorn.protocol.h3.H3Connection`` becomes ``BoundedH3Connection``:
    field-section limit (advertised as SETTINGS_MAX_FIELD_SECTION_SIZE, a
    larger HEADERS frame refused as soon as its header is parsed, before its
-   payload is buffered), QPACK table and blocked-streams limits.
+   payload is buffered; the request answered 431 on its stream, the
+   connection closed only when a client keeps doing it), QPACK table and
+   blocked-streams limits.
+5. Connections are ``BoundedQuicConnection``s (``gateway.transport`` builds
+   hypercorn's ``QuicConnection`` on it): flow-control windows that move
+   with the data delivered, not double with the data received.
+6. ``hypercorn.protocol.h3.H3Protocol.handle`` is ``guarded_h3_handle``.
+   Hypercorn handles every HTTP/3 connection of a process in one task (the
+   UDP server's), so one request could stop HTTP/3 for all of them: DATA
+   after the response had ended raised ``KeyError`` there, a trailer
+   section was taken for a new request (no ``:method``: ``UnboundLocalError``),
+   both ending the UDP server; and a body chunk for an application that
+   does not read (its queue holds 10) blocked the task for good. Now late
+   DATA is dropped, trailers end the body, and a chunk the application has
+   not taken within ``H3_BODY_WAIT_S`` stops that stream's body
+   (STOP_SENDING H3_REQUEST_CANCELLED; the rest dropped), or at once once
+   the application has ended.
 
 ``install_quic_cap`` warns on versions other than those it was written
 against (``ASSUMED_VERSIONS``) and refuses to start when what it reaches
@@ -34,6 +51,7 @@ into is missing; ``tests/unit/test_quic_cap_patches.py`` pins the versions.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from contextvars import ContextVar
@@ -46,15 +64,36 @@ import hypercorn.protocol.quic
 import pylsqpack
 from aioquic.asyncio.server import _encode_invalid_token_close
 from aioquic.buffer import Buffer  # type: ignore[attr-defined]
-from aioquic.h3.connection import ErrorCode, FrameType, H3Connection, H3Stream, ProtocolError, Setting
+from aioquic.h3.connection import (
+    ErrorCode,
+    FrameType,
+    H3Connection,
+    H3Stream,
+    HeadersState,
+    ProtocolError,
+    Setting,
+)
+from aioquic.h3.events import DataReceived, H3Event, HeadersReceived
+from aioquic.quic.connection import (
+    CONNECTION_LIMIT_FRAME_CAPACITY,
+    MAX_STREAM_DATA_FRAME_CAPACITY,
+    QuicConnection,
+)
 from aioquic.quic.packet import (
     PACKET_TYPE_INITIAL,
     QuicErrorCode,
+    QuicFrameType,
     QuicHeader,
     encode_quic_retry,
     pull_quic_header,
 )
+from aioquic.quic.events import QuicEvent
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.recovery import QuicPacketSpace
+from aioquic.quic.stream import QuicStream
 from hypercorn.events import RawData
+from hypercorn.protocol.events import Body, EndBody
+from hypercorn.protocol.h3 import H3Protocol
 from hypercorn.protocol.quic import QuicProtocol, _Connection
 
 from gateway.connection_cap import log_refusals
@@ -77,8 +116,30 @@ class HeaderSectionTooLarge(ProtocolError):
     error_code = ErrorCode.H3_EXCESSIVE_LOAD
 
 
+class _RefuseRequest(Exception):
+    """A request's header section over the limit: answered 431 on its own
+    stream (never a ``ProtocolError``, which would close the connection)."""
+
+
+# The answer to a request whose header section is over the limit (RFC 9114
+# 4.2.2, RFC 6585 5); "connection: close" is not HTTP/3's, the stream ends.
+_TOO_LARGE_BODY = b"request header fields too large\n"
+_TOO_LARGE = [(b":status", b"431"), (b"content-type", b"text/plain"),
+              (b"content-length", str(len(_TOO_LARGE_BODY)).encode())]
+
+
 class BoundedH3Connection(H3Connection):
-    """aioquic's ``H3Connection`` with the gateway's field-section and QPACK bounds."""
+    """aioquic's ``H3Connection`` with the gateway's field-section and QPACK bounds.
+
+    A request whose header section is over the limit -- its HEADERS frame
+    declares more (refused as soon as the frame header is parsed, its payload
+    never buffered), or it decodes to more -- is answered 431 on its stream,
+    which is then read no further (STOP_SENDING H3_NO_ERROR, RFC 9114 4.1.1)
+    and everything else it carries dropped: the client's other streams go on,
+    as nginx answers such a request (400/494) and keeps the connection. Past
+    ``h3_max_refused_header_sections`` such requests on one connection, or
+    for trailers, the connection is closed with H3_EXCESSIVE_LOAD.
+    """
 
     def _init_connection(self) -> None:
         # Runs at the end of ``H3Connection.__init__``, before SETTINGS are
@@ -87,6 +148,12 @@ class BoundedH3Connection(H3Connection):
         self._hedgerow_door = door
         limits = door.limits if door is not None else QuicLimits()
         self._hedgerow_max_field_section = limits.h3_max_field_section_bytes
+        self._hedgerow_max_refusals = limits.h3_max_refused_header_sections
+        # Request streams answered 431: at most the refusals allowed, then the
+        # connection closes. ``_hedgerow_to_answer``: those not answered yet.
+        self._hedgerow_refused: set[int] = set()
+        self._hedgerow_to_answer: list[tuple[int, bool]] = []
+        self._hedgerow_receiving: H3Stream | None = None
         self._max_table_capacity = limits.h3_qpack_table_bytes
         self._blocked_streams = limits.h3_qpack_blocked_streams if limits.h3_qpack_table_bytes else 0
         self._decoder = pylsqpack.Decoder(self._max_table_capacity, self._blocked_streams)
@@ -97,26 +164,187 @@ class BoundedH3Connection(H3Connection):
         settings[Setting.MAX_FIELD_SECTION_SIZE] = self._hedgerow_max_field_section
         return settings
 
+    def handle_event(self, event: QuicEvent) -> list[H3Event]:
+        events = super().handle_event(event)
+        # Answered here, outside aioquic's stream bookkeeping (its
+        # ``_get_or_create_stream`` would forget the stream twice if the
+        # answer ended it while a receive held it).
+        while self._hedgerow_to_answer and not self._is_done:
+            stream_id, still_sending = self._hedgerow_to_answer.pop()
+            self.send_headers(stream_id, _TOO_LARGE)
+            self.send_data(stream_id, _TOO_LARGE_BODY, end_stream=True)
+            if still_sending:
+                self._quic.stop_stream(stream_id, ErrorCode.H3_NO_ERROR)
+        return events
+
+    def _receive_request_or_push_data(self, stream: H3Stream, data: bytes,
+                                      stream_ended: bool) -> list[H3Event]:
+        if stream.stream_id in self._hedgerow_refused:
+            return []  # answered 431: the rest of the request is dropped unread
+        self._hedgerow_receiving = stream
+        try:
+            return super()._receive_request_or_push_data(stream, data, stream_ended)
+        except _RefuseRequest:
+            self._hedgerow_refused.add(stream.stream_id)
+            self._hedgerow_to_answer.append((stream.stream_id, not stream.receiving_ended))
+            stream.buffer = b""
+            return []
+        finally:
+            self._hedgerow_receiving = None
+
     def _check_request_or_push_frame_type(self, frame_type: int, stream: H3Stream) -> None:
         super()._check_request_or_push_frame_type(frame_type, stream)
         if frame_type == FrameType.HEADERS and (stream.frame_size or 0) > self._hedgerow_max_field_section:
-            self._refused()
-            raise HeaderSectionTooLarge(
-                f"HEADERS frame of {stream.frame_size} bytes is over "
-                f"{self._hedgerow_max_field_section}")
+            self._over_limit(stream, f"HEADERS frame of {stream.frame_size} bytes is over "
+                                     f"{self._hedgerow_max_field_section}")
 
     def _decode_headers(self, stream_id: int, frame_data: bytes | None) -> list[tuple[bytes, bytes]]:
         headers = super()._decode_headers(stream_id, frame_data)
         size = sum(len(name) + len(value) + 32 for name, value in headers)
         if size > self._hedgerow_max_field_section:
-            self._refused()
-            raise HeaderSectionTooLarge(
-                f"field section of {size} bytes is over {self._hedgerow_max_field_section}")
+            self._over_limit(self._stream.get(stream_id), f"field section of {size} bytes is "
+                                                          f"over {self._hedgerow_max_field_section}")
         return headers
 
-    def _refused(self) -> None:
+    def _over_limit(self, stream: H3Stream | None, why: str) -> None:
+        """Refuse the request (431), or, for trailers or past the refusals a
+        connection is allowed, close the connection (H3_EXCESSIVE_LOAD)."""
         if self._hedgerow_door is not None:
             self._hedgerow_door.h3_headers_refused += 1
+        if (stream is not None and stream is self._hedgerow_receiving
+                and stream.headers_recv_state == HeadersState.INITIAL
+                and len(self._hedgerow_refused) < self._hedgerow_max_refusals):
+            raise _RefuseRequest(why)
+        if self._hedgerow_door is not None:
+            self._hedgerow_door.h3_connections_cut += 1
+        raise HeaderSectionTooLarge(why)
+
+
+class BoundedQuicConnection(QuicConnection):
+    """aioquic's ``QuicConnection`` with bounded flow-control windows.
+
+    aioquic 1.7.2 doubles a stream's MAX_STREAM_DATA as soon as the peer has
+    *sent* past half of it, and the connection's MAX_DATA likewise, whatever
+    was delivered; and a STREAM frame past a gap makes the receiver allocate
+    the gap (``QuicStreamReceiver.handle_frame``). So a client sending one
+    byte just under each new limit doubled what it could make the gateway
+    allocate every round trip: from 256 KiB past 1 GiB in a dozen.
+
+    Here each limit is what was delivered in order plus the configured window
+    (``configuration.max_stream_data`` a stream, ``max_data`` the
+    connection), raised once half a window has been delivered (fewer update
+    frames), never lowered: data received but not delivered (held in a gap,
+    or a reset stream's buffer) never exceeds the window. In-order data is
+    handed to hypercorn as it arrives, which is what "delivered" means here.
+    The two methods are aioquic's own, with the rule that raises a limit
+    changed (a fix upstream would change just that).
+    """
+
+    def _delivered(self) -> int:
+        """Bytes delivered in order on every stream: all received (the
+        connection limit's ``used``, gaps included), less what open streams
+        still hold beyond their delivered offset."""
+        held = sum(stream.receiver.highest_offset - stream.receiver.starting_offset()
+                   for stream in self._streams.values() if not stream.receiver.is_finished)
+        return self._local_max_data.used - held
+
+    def _write_connection_limits(self, builder: QuicPacketBuilder,
+                                 space: QuicPacketSpace) -> None:
+        max_data = self._local_max_data
+        window = self._configuration.max_data
+        wanted = self._delivered() + window
+        if wanted - max_data.value >= window // 2:
+            max_data.value = wanted
+        for limit in (max_data, self._local_max_streams_bidi, self._local_max_streams_uni):
+            if limit is not max_data and limit.sent - limit.used >= limit.value - limit.sent:
+                continue  # aioquic's batching of MAX_STREAMS
+            if limit.value != limit.sent:
+                buf = builder.start_frame(limit.frame_type,
+                                          capacity=CONNECTION_LIMIT_FRAME_CAPACITY,
+                                          handler=self._on_connection_limit_delivery,
+                                          handler_args=(limit,))
+                buf.push_uint_var(limit.value)
+                limit.sent = limit.value
+                if self._quic_logger is not None and builder.quic_logger_frames is not None:
+                    builder.quic_logger_frames.append(
+                        self._quic_logger.encode_connection_limit_frame(
+                            frame_type=limit.frame_type, maximum=limit.value))
+
+    def _write_stream_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace,
+                             stream: QuicStream) -> None:
+        # 0: a stream we opened for sending only; nothing to raise.
+        if stream.max_stream_data_local and not stream.receiver.is_finished:
+            window = self._configuration.max_stream_data
+            wanted = stream.receiver.starting_offset() + window
+            if wanted - stream.max_stream_data_local >= window // 2:
+                stream.max_stream_data_local = wanted
+        stream_id = stream.stream_id
+        if stream.max_stream_data_local_sent != stream.max_stream_data_local and stream_id is not None:
+            buf = builder.start_frame(QuicFrameType.MAX_STREAM_DATA,
+                                      capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
+                                      handler=self._on_max_stream_data_delivery,
+                                      handler_args=(stream,))
+            buf.push_uint_var(stream_id)
+            buf.push_uint_var(stream.max_stream_data_local)
+            stream.max_stream_data_local_sent = stream.max_stream_data_local
+            if self._quic_logger is not None and builder.quic_logger_frames is not None:
+                builder.quic_logger_frames.append(
+                    self._quic_logger.encode_max_stream_data_frame(
+                        maximum=stream.max_stream_data_local, stream_id=stream_id))
+
+
+# How long hypercorn's UDP task (all HTTP/3 connections of the process) waits
+# for an application to take a body chunk when its queue is full.
+H3_BODY_WAIT_S = 1.0
+_BODY_POLL_S = 0.01
+
+
+async def guarded_h3_handle(self: H3Protocol, quic_event: QuicEvent) -> None:
+    """``H3Protocol.handle`` (hypercorn 0.18.0), with the guards of point 6."""
+    for event in self.connection.handle_event(quic_event):
+        if isinstance(event, HeadersReceived):
+            if any(name.startswith(b":") for name, _ in event.headers):
+                if not self.context.terminated.is_set():
+                    await self._create_stream(event)
+                    if event.stream_ended:
+                        await _to_app(self, event.stream_id, EndBody(stream_id=event.stream_id))
+            elif event.stream_ended:
+                # A trailer section (no pseudo-headers, RFC 9114 4.1): hypercorn
+                # has no request trailers; it ends the body.
+                await _to_app(self, event.stream_id, EndBody(stream_id=event.stream_id))
+        elif isinstance(event, DataReceived):
+            await _to_app(self, event.stream_id,
+                          Body(stream_id=event.stream_id, data=event.data))
+            if event.stream_ended:
+                await _to_app(self, event.stream_id, EndBody(stream_id=event.stream_id))
+
+
+async def _to_app(protocol: Any, stream_id: int, event: Body | EndBody) -> None:
+    """Hand ``event`` to the stream's application without holding the UDP task
+    more than ``H3_BODY_WAIT_S``; dropped when the stream is gone or deaf."""
+    stream = protocol.streams.get(stream_id)
+    if stream is None or getattr(stream, "_hedgerow_deaf", False):
+        return  # the response ended (hypercorn forgot the stream), or it stopped reading
+    queue = getattr(getattr(stream, "app_put", None), "__self__", None)
+    if not isinstance(queue, asyncio.Queue) or not queue.full():
+        await stream.handle(event)  # does not wait: the queue has room (or none yet)
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + H3_BODY_WAIT_S
+    while queue.full():
+        if protocol.streams.get(stream_id) is not stream or stream.closed:
+            return  # the application ended without reading it all
+        if loop.time() > deadline:
+            stream._hedgerow_deaf = True
+            try:
+                protocol.connection._quic.stop_stream(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
+            except ValueError:
+                pass  # the client already ended or reset its side
+            log.info("HTTP/3 stream %d: the application took no body for %.1fs; the rest "
+                     "of the body is refused", stream_id, H3_BODY_WAIT_S)
+            return
+        await asyncio.sleep(_BODY_POLL_S)
+    await stream.handle(event)
 
 
 def install_quic_cap() -> None:
@@ -133,7 +361,12 @@ def install_quic_cap() -> None:
         (QuicProtocol, "_handle_events"), (QuicProtocol, "send_all"),
         (H3Connection, "_init_connection"), (H3Connection, "_get_local_settings"),
         (H3Connection, "_check_request_or_push_frame_type"), (H3Connection, "_decode_headers"),
+        (H3Connection, "_receive_request_or_push_data"),
+        (H3Protocol, "handle"), (H3Protocol, "_create_stream"),
         (hypercorn.protocol.h3, "H3Connection"), (hypercorn.protocol.quic, "QuicConnection"),
+        (QuicConnection, "_write_connection_limits"), (QuicConnection, "_write_stream_limits"),
+        (QuicConnection, "_on_connection_limit_delivery"),
+        (QuicConnection, "_on_max_stream_data_delivery"),
     ) if not hasattr(owner, name)]
     if missing:
         raise RuntimeError(f"gateway.quic_cap cannot patch this hypercorn/aioquic: no {missing}")
@@ -165,12 +398,13 @@ def install_quic_cap() -> None:
         if door is None or not door.tracks(key):
             return
         if not connection.cids:  # terminated: hypercorn forgot its ids
-            door.closed(key)
+            door.closed(key, self.context.time())
             await _stop_guard(self, key)
         elif door.is_half_open(key) and connection.quic._handshake_complete:
             door.established(key)
             await _stop_guard(self, key)
 
+    H3Protocol.handle = guarded_h3_handle  # type: ignore[method-assign]
     QuicProtocol.handle = guarded_handle  # type: ignore[method-assign]
     QuicProtocol._handle_events = tracked_handle_events  # type: ignore[method-assign]
     hypercorn.protocol.h3.H3Connection = BoundedH3Connection  # type: ignore[attr-defined]
@@ -243,7 +477,7 @@ async def _expire(protocol: Any, door: QuicFrontDoor, connection: Any) -> None:
     for cid in connection.cids:
         protocol.connections.pop(cid, None)
     connection.cids = set()
-    door.closed(key, timed_out=True)
+    door.closed(key, protocol.context.time(), timed_out=True)
 
 
 async def _stop_guard(protocol: Any, key: int) -> None:
@@ -304,3 +538,10 @@ def _answer(door: QuicFrontDoor, verdict: Verdict, header: QuicHeader, address: 
 def _log(door: QuicFrontDoor) -> None:
     if door.cap is not None:
         log_refusals(door.cap)
+        # The per-client limits' refusals, TCP's and QUIC's in one count, at
+        # most one line per connection_cap.LOG_EVERY_S whichever logs it.
+        refused = door.cap.source_refusals_to_log(asyncio.get_running_loop().time())
+        if refused:
+            log.warning("per-client connection limits: %d connection(s) refused (TCP closed "
+                        "at accept, QUIC Initials dropped; --max-connections-per-ip/-prefix, "
+                        "--new-connections-per-ip/-prefix)", refused)

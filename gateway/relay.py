@@ -20,6 +20,7 @@ import orjson
 from gateway.stream_log import ReaderOverrun, StreamLog
 from hedgerow import openai_api as oa
 from hedgerow.asgi import Request, sse_event
+from hedgerow.completion_fold import CompletionFold, FoldError
 from hedgerow.errors import UpstreamFailed
 
 log = logging.getLogger("hedgerow.gateway.relay")
@@ -35,9 +36,10 @@ class RelayOutcome:
     prompt_tokens: int = 0
     finish_reason: str = "stop"
     pieces: int = 0  # chunks that carried generated text
-    # Only a non-streaming client needs the text itself; a stream never keeps it.
+    # Only a non-streaming client (and the cache) needs the answer itself: every
+    # choice's content, tool calls and logprobs, folded; a stream never keeps it.
     keep_text: bool = False
-    text: list[str] = field(default_factory=list)
+    fold: CompletionFold = field(default_factory=CompletionFold)
     # How it failed, when it did: what a non-streaming client's 502 says.
     error_message: str = ""
     error_code: str = ""
@@ -69,10 +71,14 @@ def observe_chunk(outcome: RelayOutcome, chunk: dict[str, Any]) -> bool:
     if not isinstance(piece, str) or not isinstance(finish, str | None):
         raise UpstreamFailed("the worker sent a choice whose text or finish_reason is not a "
                              "string", code="upstream_malformed")
-    if piece:
+    if piece or (isinstance(delta, dict) and delta.get("tool_calls")):
         outcome.pieces += 1
-        if outcome.keep_text:
-            outcome.text.append(piece)
+    if outcome.keep_text:
+        try:
+            outcome.fold.feed(chunk)
+        except FoldError as error:
+            raise UpstreamFailed(f"the worker sent a malformed chunk: {error}",
+                                 code="upstream_malformed") from None
     if finish:
         outcome.finish_reason = finish
     return False
@@ -153,7 +159,12 @@ def _error_event(message: str, code: str) -> bytes:
 
 
 def completion_body(request_id: str, model: str, outcome: RelayOutcome, chat: bool) -> bytes:
+    """The whole answer a non-streaming client gets: every choice as it streamed."""
     used = oa.usage(outcome.prompt_tokens, outcome.completion_tokens)
-    build = oa.chat_completion if chat else oa.text_completion
-    return orjson.dumps(build(request_id, model, oa.now_created(), "".join(outcome.text),
-                              outcome.finish_reason, used))
+    if chat:
+        return orjson.dumps(oa.chat_completion_of(
+            request_id, model, oa.now_created(),
+            outcome.fold.chat_choices(outcome.finish_reason), used))
+    return orjson.dumps(oa.text_completion_of(request_id, model, oa.now_created(),
+                                              outcome.fold.text_choices(outcome.finish_reason),
+                                              used))

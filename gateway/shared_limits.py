@@ -182,6 +182,40 @@ class SharedRequestLimits:
         except (RedisError, OSError, TimeoutError) as error:
             self._fell_back(error, count=False)
 
+    async def take_key(self, key_id: str, requests_per_s: float | None,
+                       tokens_per_min: float | None, tokens: float) -> tuple[str, float] | None:
+        """A virtual key's own requests/s and tokens/min (``gateway.key_gate``), in the
+        same script as a tenant's. None: granted, or Redis is down (the gateway's own
+        key buckets still apply); else what refused (``requests``/``tokens``) and the wait."""
+        if self.clock() < self._down_until:
+            return None
+        args = [*_rate_args(requests_per_s, per_s=1.0), *_rate_args(tokens_per_min, per_s=60.0),
+                repr(float(tokens)), "1"]
+        try:
+            with anyio.fail_after(REDIS_TIMEOUT_S):
+                granted, refused_by, wait = await self._take(keys=self._key_keys(key_id),
+                                                             args=args)
+        except (RedisError, OSError, TimeoutError) as error:
+            self._fell_back(error)
+            return None
+        self._back()
+        return None if int(granted) else (_text(refused_by), float(wait))
+
+    async def settle_key(self, key_id: str, tokens_per_min: float, change: float) -> None:
+        """Give back (> 0) or drain (< 0) a key's shared tokens bucket."""
+        if change == 0 or self.clock() < self._down_until:
+            return
+        try:
+            with anyio.fail_after(REDIS_TIMEOUT_S):
+                await self._adjust(keys=self._key_keys(key_id)[1:],
+                                   args=[*_rate_args(tokens_per_min, per_s=60.0), repr(change)])
+        except (RedisError, OSError, TimeoutError) as error:
+            self._fell_back(error, count=False)
+
+    def _key_keys(self, key_id: str) -> list[str]:
+        base = f"{self.prefix}:keylimit:{key_id}"
+        return [f"{base}:requests", f"{base}:tokens"]
+
     def _keys(self, tenant: str) -> list[str]:
         base = f"{self.prefix}:ratelimit:{tenant}"
         return [f"{base}:requests", f"{base}:tokens"]
@@ -211,6 +245,18 @@ class SharedRequestLimits:
             self._outage = True
             log.warning("shared rate limits: Redis unreachable (%s: %s); each gateway applies "
                         "its own limits until it is back", type(error).__name__, error)
+
+
+# A rate the key does not set: a bucket so large it never refuses.
+_UNLIMITED = 1e12
+
+
+def _rate_args(per_period: float | None, *, per_s: float) -> list[str]:
+    """(rate per second, burst) of a bucket of ``per_period`` per ``per_s`` seconds:
+    a second of requests (at least one), a minute of tokens."""
+    if per_period is None:
+        return [repr(_UNLIMITED), repr(_UNLIMITED)]
+    return [repr(per_period / per_s), repr(max(1.0, per_period))]
 
 
 def _limits_of(ticket: Ticket) -> TenantLimits | None:

@@ -1,4 +1,4 @@
-"""Per-client limits on the public TCP listener, decided at accept (sans-IO).
+"""Per-client limits on the public port, TCP and QUIC together (sans-IO).
 
 The connection cap (``gateway.connection_cap``) bounds the gateway's open
 connections in total, so one client alone can take all of them and every
@@ -11,6 +11,11 @@ holds, and what a client that rotates its addresses stays inside):
 - open connections (``max_open_per_ip``, ``max_open_per_prefix``);
 - new connections per second, a token bucket each with a burst of
   ``BURST_S`` seconds' worth (``rate_per_ip``, ``rate_per_prefix``).
+
+QUIC connections are counted by the same instance when the QUIC front door
+admits them (``gateway.quic_admission``: after the Retry, when one is sent),
+and give their slots back when they close: one client's TCP and QUIC
+connections share its limits.
 
 0 switches a limit off. A connection admitted here holds its source's slots
 until ``release(address)``; one refused holds nothing. Sources in ``exempt``
@@ -133,22 +138,40 @@ class SourceLimits:
         return ip is not None and any(ip.version == n.version and ip in n
                                       for n in self._exempt)
 
+    def check(self, address: str, now: float) -> Refusal | None:
+        """What ``admit`` would answer now, taking nothing; a refusal is
+        counted (the QUIC front door drops the packet on it)."""
+        ip_key, net_key = source_keys(address)
+        refusal = self._refusal(self._peek(ip_key), self._peek(net_key), now)
+        if refusal is not None:
+            self.refused[refusal] += 1
+        return refusal
+
+    def _peek(self, key: Key) -> _Source | None:
+        return self._open.get(key) or self._idle.get(key)
+
+    def _refusal(self, ip: _Source | None, net: _Source | None, now: float) -> Refusal | None:
+        """Which limit a new connection would break (None: a source never
+        seen, or forgotten, starts with no connection and a full bucket)."""
+        config = self.config
+        if ip is not None and config.max_open_per_ip and ip.open >= config.max_open_per_ip:
+            return "ip_open"
+        if (net is not None and config.max_open_per_prefix
+                and net.open >= config.max_open_per_prefix):
+            return "prefix_open"
+        if ip is not None and ip.bucket is not None and ip.bucket.level(now) < 1.0:
+            return "ip_rate"
+        if net is not None and net.bucket is not None and net.bucket.level(now) < 1.0:
+            return "prefix_rate"
+        return None
+
     def admit(self, address: str, now: float) -> Refusal | None:
         """Take the source's slots for one new connection: None; or why not (counted).
         The caller gives them back with ``release`` -- except for an ``exempt``
         source, which holds none (check it first)."""
         ip_key, net_key = source_keys(address)
         ip, net = self._get(ip_key, now), self._get(net_key, now)
-        config = self.config
-        refusal: Refusal | None = None
-        if config.max_open_per_ip and ip.open >= config.max_open_per_ip:
-            refusal = "ip_open"
-        elif config.max_open_per_prefix and net.open >= config.max_open_per_prefix:
-            refusal = "prefix_open"
-        elif ip.bucket is not None and ip.bucket.level(now) < 1.0:
-            refusal = "ip_rate"
-        elif net.bucket is not None and net.bucket.level(now) < 1.0:
-            refusal = "prefix_rate"
+        refusal = self._refusal(ip, net, now)
         if refusal is not None:
             self.refused[refusal] += 1
             self._put_back(ip_key, ip, now)

@@ -56,7 +56,8 @@ from gateway.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
 from gateway.h2_budget import H2Limits
 from gateway.h2_guard import install_h2_guard
 from gateway.quic_admission import QuicFrontDoor, QuicLimits
-from gateway.quic_cap import ACTIVE_QUIC_DOOR, install_quic_cap, screen_datagram
+from gateway.quic_cap import (ACTIVE_QUIC_DOOR, BoundedQuicConnection, install_quic_cap,
+                              screen_datagram)
 from gateway.write_coalescing import install_write_coalescing
 from hedgerow.hypercorn_eof import install_eof_fix
 from hedgerow.decimal_text import parse_decimal
@@ -392,7 +393,8 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
        ``session_ticket_handler`` (without which the server issues no ticket)
        or ``session_ticket_fetcher`` (without which it accepts none), so no
        HTTP/3 client could ever resume. The name is replaced by a partial that
-       adds both, built on aioquic's class itself so calls never stack.
+       adds both, built on ``gateway.quic_cap.BoundedQuicConnection`` (aioquic's
+       class with bounded flow-control windows), so calls never stack.
     2. ``hypercorn/asyncio/run.py`` drops the datagram transport, which then
        never closes (pgjones/hypercorn#373), and ``UDPServer.run`` notices
        shutdown only on the next datagram, so a shutdown sat out the whole
@@ -423,7 +425,7 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
     install_quic_certificate_registry()
     hooks = tickets.hooks()
     hypercorn.protocol.quic.QuicConnection = functools.partial(  # type: ignore[misc]
-        aioquic.quic.connection.QuicConnection,
+        BoundedQuicConnection,
         session_ticket_fetcher=hooks.session_ticket_fetcher,
         session_ticket_handler=hooks.session_ticket_handler,
     )

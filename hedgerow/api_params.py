@@ -59,8 +59,8 @@ def _refused(why: str, *noop: Any) -> Param:
     return Param("refused", _only(*noop) if noop else (lambda value: False), why)
 
 
-_TOOLS = "tool use is not implemented yet"
-_NO_LOGPROBS = "log probabilities are not returned yet"
+_LEGACY_FUNCTIONS = "the deprecated functions API: send tools and tool_choice"
+_NO_LOGPROBS = "log probabilities are returned by chat completions only"
 
 _SHARED: dict[str, Param] = {
     "model": Param("implemented"),
@@ -74,7 +74,7 @@ _SHARED: dict[str, Param] = {
     "presence_penalty": Param("carried"),
     "frequency_penalty": Param("carried"),
     "logit_bias": Param("carried"),
-    "n": Param("refused", _at_most_one, "one choice per request (n: 1)"),
+    "n": Param("carried"),
     "user": Param("accepted"),
 }
 
@@ -86,14 +86,15 @@ CHAT_PARAMS: dict[str, Param] = {
     "metadata": Param("accepted"),
     "safety_identifier": Param("accepted"),
     "prompt_cache_key": Param("accepted"),
-    "parallel_tool_calls": Param("accepted"),  # says nothing without tools, which are refused
-    "logprobs": _refused(_NO_LOGPROBS, False),
-    "top_logprobs": _refused(_NO_LOGPROBS),
-    "tools": _refused(_TOOLS),
-    "tool_choice": _refused(_TOOLS, "none"),
-    "functions": _refused(_TOOLS),
-    "function_call": _refused(_TOOLS, "none"),
-    "response_format": _refused("only plain text output", {"type": "text"}),
+    # At most one call per answer, which both values allow.
+    "parallel_tool_calls": Param("accepted"),
+    "logprobs": Param("carried"),
+    "top_logprobs": Param("carried"),
+    "tools": Param("carried"),
+    "tool_choice": Param("carried"),
+    "functions": _refused(_LEGACY_FUNCTIONS),
+    "function_call": _refused(_LEGACY_FUNCTIONS, "none"),
+    "response_format": Param("carried"),
     "audio": _refused("text output only"),
     "modalities": _refused("text output only", ["text"]),
     "prediction": _refused("predicted outputs are not implemented"),
@@ -120,17 +121,21 @@ STREAM_OPTIONS: dict[str, Param] = {
     "include_obfuscation": _refused("streams are not padded", False),
 }
 
-# Message fields by role. Tool results, assistant tool calls and function
-# messages are refused rather than dropped: answering a tool conversation
-# without its tool turns would be a wrong answer with a 200.
+# Message fields by role. A tool conversation's turns (assistant tool calls,
+# tool results) reach the model; the deprecated function messages are
+# refused rather than dropped: answering without them would be a wrong answer
+# with a 200.
 _MESSAGE_COMMON = {"role", "content", "name"}
-_ASSISTANT_ONLY: dict[str, Param] = {
-    "tool_calls": _refused(_TOOLS, []),
-    "function_call": _refused(_TOOLS),
-    "refusal": _refused("an assistant turn's refusal is not carried"),
-    "audio": _refused("text only"),
+_BY_ROLE: dict[str, dict[str, Param]] = {
+    "assistant": {
+        "tool_calls": Param("carried"),
+        "function_call": _refused(_LEGACY_FUNCTIONS),
+        "refusal": _refused("an assistant turn's refusal is not carried"),
+        "audio": _refused("text only"),
+    },
+    "tool": {"tool_call_id": Param("carried")},
 }
-_REFUSED_ROLES = {"tool": _TOOLS, "function": _TOOLS}
+_REFUSED_ROLES = {"function": _LEGACY_FUNCTIONS}
 _TEXT_PART_FIELDS = {"type", "text"}
 
 
@@ -169,7 +174,7 @@ def check_message(message: Mapping[str, Any], where: str) -> None:
         # A null field says nothing (SDKs echo a response's message with nulls).
         if name in _MESSAGE_COMMON or value is None:
             continue
-        param = _ASSISTANT_ONLY.get(name) if role == "assistant" else None
+        param = _BY_ROLE.get(role, {}).get(name) if isinstance(role, str) else None
         if param is None:
             raise _unknown(f"{where}.{name}")
         if not param.accepts(value):

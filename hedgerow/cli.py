@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from hedgerow.cli_env import EnvironmentValueError, apply_environment
+from hedgerow.extras import missing_extras
 from hedgerow.logs import LOG_FORMATS, configure_logging
 from hedgerow.trust.process import add_trust_arguments
 
@@ -46,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"hedgerow: {error}") from error
     # `hedgerow up` starts its children as processes of their own: they read it here.
     os.environ["HEDGEROW_LOG_FORMAT"] = args.log_format
+    missing = missing_extras(args.command, getattr(args, "backend", None))
+    if missing is not None:  # a role that is not installed: say which extra, not a traceback
+        print(f"hedgerow: {missing}", file=sys.stderr)
+        return 1
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
@@ -267,6 +272,9 @@ def _add_policy(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     from hedgerow.trust_cli import add_trust_parsers
 
     add_trust_parsers(commands)
+    from hedgerow.key_cli import add_key_parsers
+
+    add_key_parsers(commands)
 
 
 def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -324,15 +332,16 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
 
     limits = SourceLimitsConfig()
     gw.add_argument("--max-connections-per-ip", type=int, default=limits.max_open_per_ip,
-                    metavar="N", help="open TCP connections from one client IP at most; "
-                    f"beyond it new ones are closed before TLS (default {limits.max_open_per_ip}; "
+                    metavar="N", help="open connections (TCP and QUIC together) from one client "
+                    f"IP at most; beyond it new ones are closed before TLS (default {limits.max_open_per_ip}; "
                     "0: no limit)")
     gw.add_argument("--max-connections-per-prefix", type=int,
                     default=limits.max_open_per_prefix, metavar="N",
                     help="the same for one /24 (IPv4) or /64 (IPv6) "
                          f"(default {limits.max_open_per_prefix}; 0: no limit)")
     gw.add_argument("--new-connections-per-ip", type=float, default=limits.rate_per_ip,
-                    metavar="PER_S", help="new TCP connections per second from one client IP, "
+                    metavar="PER_S", help="new connections per second (TCP and QUIC together) "
+                    "from one client IP, "
                     f"with a burst of {BURST_S:g} s worth; beyond it they are closed before TLS "
                     f"(default {limits.rate_per_ip:g}; 0: no limit)")
     gw.add_argument("--new-connections-per-prefix", type=float,
@@ -389,7 +398,9 @@ def _add_quic_limits(gw: argparse.ArgumentParser) -> None:
         ("--quic-max-stream-data-bytes", "max_stream_data_bytes", int,
          "QUIC flow-control window of a stream"),
         ("--h3-max-field-section-bytes", "h3_max_field_section_bytes", int,
-         "an HTTP/3 header section larger than this closes the connection (H3_EXCESSIVE_LOAD)"),
+         "an HTTP/3 request whose header section is larger than this is answered 431"),
+        ("--h3-max-refused-header-sections", "h3_max_refused_header_sections", int,
+         "past this many such requests on one connection it is closed (H3_EXCESSIVE_LOAD)"),
         ("--h3-qpack-table-bytes", "h3_qpack_table_bytes", int,
          "QPACK dynamic table offered to clients (0: none, so no header inflation)"),
         ("--h3-qpack-blocked-streams", "h3_qpack_blocked_streams", int,
@@ -426,6 +437,24 @@ def _add_cache(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
             kind.add_argument("--tenant", help="the tenant's own namespace")
             kind.add_argument("--model", help="a model name or alias")
             kind.add_argument("--key", help="one exact key")
+    export = kinds.add_parser(
+        "export-model", help="export the semantic cache's embedding model to ONNX, once "
+                             "(needs hedgerow[export]; the gateway runs it without torch)")
+    export.add_argument("--force", action="store_true",
+                        help="export again even if an export of the same weights is there")
+    export.set_defaults(run=_run_export_model)
+
+
+def _run_export_model(args: argparse.Namespace) -> int:
+    from gateway.cache.onnx_export import export_model
+
+    try:
+        directory, exported = export_model(force=args.force)
+    except (ImportError, OSError, RuntimeError) as error:
+        print(f"hedgerow cache export-model: {error}", file=sys.stderr)
+        return 1
+    print(f"{'exported to' if exported else 'up to date:'} {directory}")
+    return 0
 
 
 def _run_cache(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │   ├── UnknownWorker               404  code=unknown_worker
     │   ├── UnknownPolicyVersion        404  code=unknown_policy_version
     │   ├── StreamNotFound              404  code=stream_not_found
+    │   ├── KeyNotFound                 404  code=key_not_found
     │   ├── StreamGone                  410  code=stream_gone
     │   ├── PolicyError                 400  code=invalid_policy (policies.schema;
     │   │                                    carries file:line:column issues)
@@ -26,6 +27,7 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │                                        identity may not do this)
     ├── Conflict                        409 conflict_error
     ├── RateLimited                     429 rate_limit_exceeded (Retry-After)
+    │   └── BudgetExceeded              429  code=budget_exceeded (Retry-After: the reset)
     ├── NoHealthyWorker                 503 service_unavailable (Retry-After)
     ├── GatewayDraining                 503 service_unavailable (Retry-After)
     ├── PolicyUnavailable               503 service_unavailable (Retry-After)
@@ -119,6 +121,13 @@ class StreamNotFound(InvalidRequest):
     default_code = "stream_not_found"
 
 
+class KeyNotFound(InvalidRequest):
+    """``hedgerow key revoke`` of an id that is not a key (revoked already, or a typo)."""
+
+    status = 404
+    default_code = "key_not_found"
+
+
 class StreamGone(InvalidRequest):
     """The stream existed, but its retention ran out or the events asked for were dropped."""
 
@@ -196,6 +205,13 @@ class RateLimited(HedgerowError):
     status = 429
     error_type = "rate_limit_exceeded"
     default_code = "rate_limit_exceeded"
+
+
+class BudgetExceeded(RateLimited):
+    """A tenant's or key's token or cost budget for the day or month is spent
+    (``policies.budget``); Retry-After points at the budget's reset."""
+
+    default_code = "budget_exceeded"
 
 
 class NoHealthyWorker(HedgerowError):

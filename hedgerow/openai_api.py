@@ -15,7 +15,8 @@ import time
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from hedgerow.api_params import check_request
 from hedgerow.errors import InvalidRequest
@@ -45,6 +46,80 @@ class TextPart(BaseModel):
     text: str = Field(strict=True)
 
 
+# OpenAI's rule for function names; it also keeps them safe inside a grammar.
+FunctionName = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+MAX_TOOLS = 128  # OpenAI's bound
+MAX_CHOICES = 128  # n: OpenAI's bound
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: FunctionName
+    description: Annotated[str, Field(strict=True, max_length=8192)] | None = None
+    # A JSON Schema object; the worker turns it into a grammar (an empty or
+    # missing one means "no arguments": ``{}``).
+    parameters: dict[str, Any] | None = None
+    strict: Annotated[bool, Field(strict=True)] | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: FunctionName
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionChoice
+
+
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: FunctionName
+    arguments: StrictText  # JSON text, as the model wrote it
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: ShortText
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: FunctionName
+    description: Annotated[str, Field(strict=True, max_length=8192)] | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: Annotated[bool, Field(strict=True)] | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given exactly when type is 'json_schema'")
+        return self
+
+
 class ChatMessage(BaseModel):
     # Fields other than these are refused by ``api_params`` before validation.
     model_config = ConfigDict(extra="ignore")
@@ -52,10 +127,17 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: StrictText | list[TextPart] | None = None
     name: ShortText | None = None
-    # Kept (and in the cache key) so a tool conversation is never mistaken for
-    # another; today ``api_params`` refuses non-empty ones (no tool use yet).
-    tool_calls: list[dict[str, Any]] | None = None
+    # A tool conversation's turns reach the model (and the cache key) whole.
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: ShortText | None = None
+
+    @model_validator(mode="after")
+    def _tool_fields_by_role(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("a tool message (and only one) names its tool_call_id")
+        return self
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -63,11 +145,16 @@ class ChatMessage(BaseModel):
         # Text parts are one message, a line each (as vLLM joins them).
         return "\n".join(part.text for part in self.content)
 
-    def for_model(self) -> dict[str, str]:
-        """What a chat template gets: role, text, and the participant's name if given."""
-        shaped = {"role": self.role, "content": self.text()}
+    def for_model(self) -> dict[str, Any]:
+        """What a chat template gets: role, text, the participant's name if
+        given, and a tool conversation's calls and call ids."""
+        shaped: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name:
             shaped["name"] = self.name
+        if self.tool_calls:
+            shaped["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            shaped["tool_call_id"] = self.tool_call_id
         return shaped
 
 
@@ -97,8 +184,8 @@ class _Sampling(BaseModel):
     # Token id (a decimal string, as OpenAI's) -> bias in [-100, 100]; the
     # worker checks the ids against its model's vocabulary.
     logit_bias: dict[str, Annotated[int, Field(strict=True)]] | None = None
-    # Only 1 gets here (api_params refuses more); 0 is an invalid value.
-    n: int = Field(1, ge=1, le=1, strict=True)
+    # Choices, generated one after another on one worker (OpenAI's bound: 128).
+    n: int = Field(1, ge=1, le=MAX_CHOICES, strict=True)
     # OpenAI's stored completions: only false gets here (Hedgerow stores
     # nothing). Were true let through, such a request must never be hedged.
     store: bool = Field(False, strict=True)
@@ -147,6 +234,34 @@ class ChatCompletionRequest(_Sampling):
     safety_identifier: Annotated[str, Field(strict=True, max_length=128)] | None = None
     prompt_cache_key: LongText | None = None
     parallel_tool_calls: Annotated[bool, Field(strict=True)] | None = None
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool = Field(False, strict=True)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
+
+    @model_validator(mode="after")
+    def _consistent_tools(self) -> ChatCompletionRequest:
+        names = [tool.function.name for tool in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two functions share a name")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not in tools")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def tool_mode(self) -> str | None:
+        """None (plain text), "auto", "required" or the name of the function to call."""
+        choice = self.tool_choice
+        if not self.tools or choice == "none":
+            return None
+        if isinstance(choice, NamedToolChoice):
+            return "function:" + choice.function.name
+        return choice or "auto"
 
     @field_validator("metadata")
     @classmethod
@@ -233,13 +348,16 @@ def chat_chunk(
     created: int,
     delta: dict[str, Any],
     finish_reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
     return {
         "id": completion_id(request_id),
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                     "finish_reason": finish_reason}],
     }
 
 
@@ -280,6 +398,24 @@ def chat_completion(
         ],
         "usage": used,
     }
+
+
+def chat_completion_of(
+    request_id: str, model: str, created: int, choices: list[dict[str, Any]],
+    used: dict[str, int],
+) -> dict[str, Any]:
+    """A whole chat completion from finished choices (``CompletionFold.chat_choices``)."""
+    return {"id": completion_id(request_id), "object": "chat.completion", "created": created,
+            "model": model, "choices": choices, "usage": used}
+
+
+def text_completion_of(
+    request_id: str, model: str, created: int, choices: list[dict[str, Any]],
+    used: dict[str, int],
+) -> dict[str, Any]:
+    """A whole text completion from finished choices (``CompletionFold.text_choices``)."""
+    return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created,
+            "model": model, "choices": choices, "usage": used}
 
 
 def text_chunk(

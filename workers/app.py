@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import anyio
+import orjson
 
 from hedgerow import openai_api as oa
 from hedgerow.asgi import (
@@ -42,6 +43,7 @@ from hedgerow.asgi import (
     wait_for_disconnect,
 )
 from hedgerow.errors import HedgerowError, ModelNotFound, NoHealthyWorker
+from hedgerow.completion_fold import CompletionFold
 from hedgerow.logs import request_id_var, safe_request_id
 from hedgerow.metrics import CONTENT_TYPE
 from workers.backend import (
@@ -50,8 +52,11 @@ from workers.backend import (
     GenerationEvent,
     GenerationRequest,
     GenerationStream,
+    SeveralChoices,
     TokenChunk,
+    ToolCallDelta,
 )
+from workers.tool_calls import ToolSpec
 from workers.metrics import GenerationTiming, WorkerMetrics
 
 log = logging.getLogger("hedgerow.worker")
@@ -130,7 +135,8 @@ class WorkerApp:
         parsed = oa.parse_request(await request.body(MAX_BODY), oa.ChatCompletionRequest)
         messages = tuple(m.for_model() for m in parsed.messages)
         await self._generate(request, parsed, GenerationRequest(
-            messages=messages, prompt=None, **_sampling(parsed)), chat=True)
+            messages=messages, prompt=None, **_sampling(parsed), **_chat_options(parsed)),
+            chat=True)
 
     async def completions(self, request: Request) -> None:
         parsed = oa.parse_request(await request.body(MAX_BODY), oa.CompletionRequest)
@@ -150,7 +156,7 @@ class WorkerApp:
         timing = GenerationTiming(started=time.monotonic())
         stream = _ResponseStream(request_id, parsed.model, oa.now_created(), chat,
                                  parsed.include_usage(), timing)
-        events = self.backend.generate(generation)
+        events = self._choices(generation, parsed.n)
         headers = [(b"x-request-id", request_id.encode())]
         try:
             if parsed.stream:
@@ -162,6 +168,18 @@ class WorkerApp:
             raise
         finally:
             self.metrics.generation_done(parsed.model, timing)
+
+
+    def _choices(self, generation: GenerationRequest, n: int) -> GenerationStream:
+        """One stream for ``n`` choices; each draws its own seed (from the client's, if it
+        gave one, so that n answers are n different answers, reproducibly)."""
+        first = self.backend.generate(generation)  # a bad request fails here, before any slot
+        if n == 1:
+            return first
+        def choice(index: int) -> Callable[[], GenerationStream]:
+            seed = None if generation.seed is None else generation.seed + index
+            return lambda: self.backend.generate(replace(generation, seed=seed))
+        return SeveralChoices(first, [choice(i) for i in range(1, n)])
 
 
 async def _stream_sse(
@@ -227,6 +245,21 @@ def _sampling(parsed: oa._Sampling) -> dict[str, Any]:
     }
 
 
+def _chat_options(parsed: oa.ChatCompletionRequest) -> dict[str, Any]:
+    """Tools, response format and logprobs, as the backend takes them."""
+    tools = tuple(ToolSpec(t.function.name, t.function.description or "",
+                           orjson.dumps(t.function.parameters or {}).decode())
+                  for t in parsed.tools or ())
+    schema: str | None = None
+    shape = parsed.response_format
+    if shape is not None and shape.type == "json_object":
+        schema = '{"type": "object"}'
+    elif shape is not None and shape.json_schema is not None:
+        schema = orjson.dumps(shape.json_schema.schema_ or {"type": "object"}).decode()
+    return {"tools": tools, "tool_mode": parsed.tool_mode(), "response_schema": schema,
+            "logprobs": parsed.logprobs, "top_logprobs": parsed.top_logprobs or 0}
+
+
 @dataclass
 class _ResponseStream:
     """Turns backend events into OpenAI chunks (SSE) or one whole response."""
@@ -237,45 +270,76 @@ class _ResponseStream:
     chat: bool
     include_usage: bool
     timing: GenerationTiming
+    _opened: int = 0  # the last choice whose role chunk went out
 
-    def _delta(self, text: str, finish: str | None = None) -> dict[str, Any]:
+    def _delta(self, text: str, choice: int, finish: str | None = None,
+               logprobs: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
         if self.chat:
             delta = {"content": text} if text else {}
-            return oa.chat_chunk(self.request_id, self.model, self.created, delta, finish)
-        return oa.text_chunk(self.request_id, self.model, self.created, text, finish)
+            shown = {"content": list(logprobs), "refusal": None} if logprobs else None
+            return oa.chat_chunk(self.request_id, self.model, self.created, delta, finish, shown,
+                                 choice)
+        chunk = oa.text_chunk(self.request_id, self.model, self.created, text, finish)
+        chunk["choices"][0]["index"] = choice
+        return chunk
+
+    def _role(self, choice: int) -> dict[str, Any]:
+        role = {"role": "assistant", "content": ""}
+        return oa.chat_chunk(self.request_id, self.model, self.created, role, index=choice)
+
+    def chunks(self, event: GenerationEvent) -> list[dict[str, Any]]:
+        """The OpenAI chunks that carry one backend event (a choice after the first
+        opens with its own role chunk)."""
+        opened: list[dict[str, Any]] = []
+        if event.choice > self._opened:
+            self._opened = event.choice
+            opened = [self._role(event.choice)] if self.chat else []
+        if isinstance(event, TokenChunk):
+            return opened + [self._delta(event.text, event.choice, logprobs=event.logprobs)]
+        if isinstance(event, ToolCallDelta):
+            call: dict[str, Any] = {"index": event.index,
+                                    "function": {"arguments": event.arguments}}
+            if event.id is not None:
+                call.update(id=event.id, type="function")
+                call["function"]["name"] = event.name
+            delta = {"tool_calls": [call]}
+            return opened + [oa.chat_chunk(self.request_id, self.model, self.created, delta,
+                                           index=event.choice)]
+        finished = opened + [self._delta("", event.choice, event.finish_reason)]
+        if self.include_usage and event.final:
+            used = oa.usage(event.prompt_tokens, event.completion_tokens)
+            finished.append(oa.usage_chunk(self.request_id, self.model, self.created, used))
+        return finished
 
     async def sse(
-        self, first: TokenChunk | Finished, events: GenerationStream
+        self, first: GenerationEvent, events: GenerationStream
     ) -> AsyncIterator[bytes]:
         """``first`` (already read) and then the rest of ``events`` as SSE chunks."""
         if self.chat:
-            role = {"role": "assistant", "content": ""}
-            yield sse_event(oa.chat_chunk(self.request_id, self.model, self.created, role))
+            yield sse_event(self._role(0))
         async with aclosing(events):
-            event: TokenChunk | Finished | None = first
+            event: GenerationEvent | None = first
             while event is not None:
-                if isinstance(event, TokenChunk):
-                    yield sse_event(self._delta(event.text))
-                else:
-                    yield sse_event(self._delta("", event.finish_reason))
-                    if self.include_usage:
-                        used = oa.usage(event.prompt_tokens, event.completion_tokens)
-                        yield sse_event(oa.usage_chunk(self.request_id, self.model, self.created, used))
+                for chunk in self.chunks(event):
+                    yield sse_event(chunk)
                 event = await anext(events, None)
                 if event is not None:
                     self.timing.saw(event, time.monotonic())
         yield SSE_DONE
 
-    async def whole(self, events: AsyncIterator[TokenChunk | Finished]) -> dict[str, Any]:
-        parts: list[str] = []
+    async def whole(self, events: GenerationStream) -> dict[str, Any]:
+        fold = CompletionFold()
         async with aclosing(events):
             async for event in events:
                 self.timing.saw(event, time.monotonic())
-                if isinstance(event, TokenChunk):
-                    parts.append(event.text)
+                for chunk in self.chunks(event):
+                    fold.feed(chunk)
+                if not isinstance(event, Finished) or not event.final:
                     continue
                 used = oa.usage(event.prompt_tokens, event.completion_tokens)
-                build = oa.chat_completion if self.chat else oa.text_completion
-                return build(self.request_id, self.model, self.created, "".join(parts),
-                             event.finish_reason, used)
+                if self.chat:
+                    return oa.chat_completion_of(self.request_id, self.model, self.created,
+                                                 fold.chat_choices(), used)
+                return oa.text_completion_of(self.request_id, self.model, self.created,
+                                             fold.text_choices(), used)
         raise NoHealthyWorker("generation ended without finishing", code="generation_aborted")

@@ -37,23 +37,24 @@ import math
 import os
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Iterable, Literal, Protocol, Self, TypeVar
 
 import anyio
 
 from hedgerow.errors import InvalidRequest
+from workers.tool_calls import ToolSpec
 
 SlotT = TypeVar("SlotT")
 
-FinishReason = Literal["stop", "length", "cancelled"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
     """One chat (``messages``) or plain completion (``prompt``) request; exactly one is set."""
 
-    messages: tuple[dict[str, str], ...] | None
+    messages: tuple[dict[str, Any], ...] | None
     prompt: str | None
     max_tokens: int | None
     temperature: float = 0.7
@@ -63,6 +64,14 @@ class GenerationRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, int], ...] = ()  # (token id, bias)
+    # Tool use (workers.tool_calls): the functions, and None (answer in text),
+    # "auto", "required" or "function:NAME".
+    tools: tuple[ToolSpec, ...] = ()
+    tool_mode: str | None = None
+    # response_format as a JSON Schema (JSON text); json_object is {"type": "object"}.
+    response_schema: str | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -77,9 +86,26 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class TokenChunk:
-    """Text produced by the model, normally one token (several when a UTF-8 character spans tokens)."""
+    """Text produced by the model, normally one token (several when a UTF-8 character spans tokens).
+
+    ``logprobs``: OpenAI's entries (token, logprob, bytes, top_logprobs) of
+    the tokens behind it, when the request asked for them."""
 
     text: str
+    logprobs: tuple[dict[str, Any], ...] = ()
+    choice: int = 0  # which of the request's n choices (SeveralChoices)
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call: the first names it (``id``, ``name``), the rest
+    carry fragments of its JSON ``arguments``."""
+
+    index: int
+    arguments: str
+    id: str | None = None
+    name: str | None = None
+    choice: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,13 +115,16 @@ class Finished:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    choice: int = 0
+    # False for every choice but the last of several: usage comes once, at the end.
+    final: bool = True
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
 
-GenerationEvent = TokenChunk | Finished
+GenerationEvent = TokenChunk | ToolCallDelta | Finished
 
 
 @dataclass(frozen=True)
@@ -158,6 +187,51 @@ class GenerationStreamBase:
 
     async def aclose(self) -> None:
         raise NotImplementedError
+
+
+class SeveralChoices(GenerationStreamBase):
+    """``n`` choices as one stream: each generated in turn (each takes a slot
+    when it starts and frees it when it ends), its events marked with its
+    ``choice``. The last ``Finished`` carries the request's usage: the prompt
+    once, the completions of every choice summed."""
+
+    def __init__(self, first: GenerationStream,
+                 more: list[Callable[[], GenerationStream]]) -> None:
+        self._current: GenerationStream | None = first
+        self._more = more
+        self._choice = 0
+        self._completion_tokens = 0
+
+    async def __anext__(self) -> GenerationEvent:
+        while self._current is not None:
+            try:
+                event = await self._current.__anext__()
+            except StopAsyncIteration:
+                await self._advance()
+                continue
+            if not isinstance(event, Finished):
+                return replace(event, choice=self._choice)
+            self._completion_tokens += event.completion_tokens
+            choice = self._choice
+            await self._advance(stop=event.finish_reason == "cancelled")
+            final = self._current is None
+            return replace(event, choice=choice, final=final, completion_tokens=(
+                self._completion_tokens if final else event.completion_tokens))
+        raise StopAsyncIteration
+
+    async def _advance(self, stop: bool = False) -> None:
+        done, self._current = self._current, None
+        if done is not None:
+            await done.aclose()
+        if self._more and not stop:
+            self._current = self._more.pop(0)()
+            self._choice += 1
+
+    async def aclose(self) -> None:
+        self._more.clear()
+        current, self._current = self._current, None
+        if current is not None:
+            await current.aclose()
 
 
 class Backend(Protocol):
@@ -267,7 +341,7 @@ def prompt_text(request: GenerationRequest) -> str:
     """
     if request.messages is None:
         return request.prompt or ""
-    return "".join(f"\x00{m.get('role', '')}\x01{m.get('content', '')}\x02"
+    return "".join(f"\x00{m.get('role', '')}\x01{m.get('content', '')}{m.get('tool_calls', '')}\x02"
                    for m in request.messages)
 
 

@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterator, Literal, Sequence
 
@@ -71,14 +71,22 @@ from workers.backend import (
     GenerationRequest,
     SlotPool,
     TokenChunk,
+    ToolCallDelta,
     prompt_text,
     slot_preference,
+)
+from workers.llama_chat import Chunk, chat_formatter, llama_chunks
+from workers.tool_calls import (
+    CallStart,
+    TextOut,
+    ToolCallScanner,
+    grammar_for,
+    known_call,
 )
 from workers.device import CPU_DEVICE, DeviceInfo, detect_device
 
 # llama-cpp-python reports a prompt longer than n_ctx as a ValueError with this text.
 _CONTEXT_OVERFLOW_TEXT = "exceed context window"
-_Chunk = tuple[str, str | None]  # (text, llama's finish_reason)
 
 
 class _TokenTally:
@@ -96,6 +104,9 @@ class _TokenTally:
         # that completes a character, so a multi-byte character split across the
         # last tokens made it sample one more (41 tokens for max_tokens 40).
         self.limit: int | None = None
+        # None: no logprobs wanted; else how many alternatives per token.
+        self.top_logprobs: int | None = None
+        self.logprobs: list[dict[str, Any]] = []  # entries not yet handed out
 
     @property
     def accepted_drafts(self) -> int:
@@ -117,6 +128,7 @@ class _MeteredLlama(llama_cpp.Llama):
         self.tally = _TokenTally()
         self.cached_text = ""  # the text whose KV this slot holds (prompt + answer), for affinity
         self._vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.chat_formatter = chat_formatter(self)
         if self.draft_model is not None:
             self.draft_model = _CountingDraft(self.draft_model, self)
 
@@ -124,8 +136,10 @@ class _MeteredLlama(llama_cpp.Llama):
         self, tokens: Sequence[int], *args: Any, **kwargs: Any
     ) -> Generator[int, None, None]:
         tally = self.tally
-        tally.prompt_tokens = len(tokens)
-        tally.reused_tokens = self._reusable_prefix(tokens) if kwargs.get("reset", True) else 0
+        if not tally.forward_passes:  # a generation's first step (auto's second one is not)
+            tally.prompt_tokens = len(tokens)
+            tally.reused_tokens = (self._reusable_prefix(tokens) if kwargs.get("reset", True)
+                                   else 0)
         with contextlib.closing(super().generate(tokens, *args, **kwargs)) as sampled:
             for token in sampled:
                 if tally.stop.is_set():
@@ -133,9 +147,30 @@ class _MeteredLlama(llama_cpp.Llama):
                 tally.sampled_tokens += 1
                 if not llama_cpp.llama_vocab_is_eog(self._vocab, token):
                     tally.completion_tokens += 1
+                    if tally.top_logprobs is not None:
+                        tally.logprobs.append(self._logprob_entry(token, tally.top_logprobs))
                 yield token
                 if tally.limit is not None and tally.completion_tokens >= tally.limit:
                     return  # llama-cpp-python then ends with finish_reason "length"
+
+    def _logprob_entry(self, token: int, top: int) -> dict[str, Any]:
+        """OpenAI's logprob entry for ``token``, from the logits it was sampled from
+        (the last position evaluated; llama-cpp-python keeps them only with
+        logits_all, which costs n_ctx x vocabulary floats)."""
+        vocabulary = self.n_vocab()
+        logits = np.ctypeslib.as_array(self._ctx.get_logits_ith(-1), shape=(vocabulary,))
+        shifted = logits - logits.max()
+        logprobs = shifted - np.log(np.exp(shifted).sum())
+        entry = self._token_entry(token, float(logprobs[token]))
+        best = np.argpartition(-logprobs, top)[:top] if top else np.array([], dtype=int)
+        ranked = sorted(best.tolist(), key=lambda t: -logprobs[t])
+        entry["top_logprobs"] = [self._token_entry(t, float(logprobs[t])) for t in ranked]
+        return entry
+
+    def _token_entry(self, token: int, logprob: float) -> dict[str, Any]:
+        raw = self.detokenize([token])
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(raw)}
 
     def eval(self, tokens: Sequence[int]) -> None:
         self.tally.forward_passes += 1
@@ -225,8 +260,16 @@ class LlamaBackend:
                 raise InvalidRequest(f"logit_bias names token {token}; this model's token ids "
                                      f"run from 0 to {vocabulary - 1}", param="logit_bias",
                                      code="invalid_value")
+        if request.logprobs and self.prompt_lookup_tokens:
+            # Drafted tokens are sampled several positions at a time; their
+            # logits are not where _logprob_entry reads them.
+            raise InvalidRequest("logprobs are not available on a worker running prompt-lookup "
+                                 "decoding", param="logprobs", code="unsupported_parameter")
+        # Built here, so a schema no grammar can express is a 400 before any slot
+        # is taken ("auto" then uses it only with response_format: llama_chat).
+        grammar = grammar_for(request.tools, request.tool_mode, request.response_schema)
         return LlamaGeneration(request, self._pool, self.n_ctx, self._counters, self.prompt_reuse,
-                               self.slot_affinity)
+                               grammar, self.slot_affinity)
 
     def load(self) -> BackendLoad:
         return self._counters.load(self.slots, self._pool)
@@ -260,9 +303,15 @@ class LlamaGeneration(GenerationStreamBase):
         n_ctx: int,
         counters: GenerationCounters,
         prompt_reuse: bool = True,
+        grammar: str | None = None,
         slot_affinity: bool = True,
     ) -> None:
         self._request = request
+        self._grammar = grammar
+        known = known_call(request.tools, request.tool_mode)
+        self._scanner = ToolCallScanner(request.tool_mode if request.is_chat else None,
+                                        known.name if known is not None else None)
+        self._pending: deque[GenerationEvent] = deque()
         self._pool = pool
         self._n_ctx = n_ctx
         self._counters = counters
@@ -273,7 +322,8 @@ class LlamaGeneration(GenerationStreamBase):
         self._llama: _MeteredLlama | None = None
         self._tally = _TokenTally()
         self._tally.limit = request.max_tokens
-        self._chunks: Generator[_Chunk, None, None] | None = None
+        self._tally.top_logprobs = request.top_logprobs if request.logprobs else None
+        self._chunks: Generator[Chunk, None, None] | None = None
         self._limiter = anyio.CapacityLimiter(1)  # own limiter: never queue behind other to_thread users
         self._slot_wait = anyio.CancelScope()
         self._read_done: anyio.Event | None = None
@@ -284,6 +334,8 @@ class LlamaGeneration(GenerationStreamBase):
         self._reported_tokens = 0
 
     async def __anext__(self) -> GenerationEvent:
+        if self._pending and not self._closed:
+            return self._pending.popleft()
         if self._ended or self._closed:
             raise StopAsyncIteration
         if self._finish_reason is not None:
@@ -292,16 +344,33 @@ class LlamaGeneration(GenerationStreamBase):
             raise anyio.BusyResourceError("reading from")
         self._read_done = anyio.Event()
         try:
-            text, reason = await self._read()
+            # A call's head is held back until its name is known: read on until
+            # there is something to hand out.
+            while not self._pending and self._finish_reason is None:
+                text, reason, logprobs = await self._read()
+                self._shape(text, reason, logprobs)
         finally:
             self._read_done.set()
             self._read_done = None
+        return self._pending.popleft() if self._pending else self._finish()
+
+    def _shape(self, text: str, reason: str | None, logprobs: list[dict[str, Any]]) -> None:
+        """One piece of the model's text as events (content with its logprobs, or
+        tool-call deltas); at the end, what the scanner still held."""
+        if text:
+            self._answer.append(text)
+        outs = self._scanner.feed(text)
         if reason is not None:
             self._finish_reason = "length" if reason == "length" else "stop"
-        if not text:
-            return self._finish()
-        self._answer.append(text)
-        return TokenChunk(text)
+            outs += self._scanner.finish(complete=reason != "length")
+        for out in outs:
+            if isinstance(out, TextOut):
+                self._pending.append(TokenChunk(out.text, tuple(logprobs)))
+                logprobs = []  # the tokens' entries go with the first text they made
+            elif isinstance(out, CallStart):
+                self._pending.append(ToolCallDelta(0, "", id=out.id, name=out.name))
+            else:
+                self._pending.append(ToolCallDelta(0, out.fragment))
 
     async def aclose(self) -> None:
         if self._closed:
@@ -315,7 +384,7 @@ class LlamaGeneration(GenerationStreamBase):
         if self._llama is not None:
             self._release_slot(self._llama)
 
-    async def _read(self) -> _Chunk:
+    async def _read(self) -> tuple[str, str | None, list[dict[str, Any]]]:
         if self._llama is None:
             await self._take_slot()
         if self._closed or self._llama is None:
@@ -334,16 +403,20 @@ class LlamaGeneration(GenerationStreamBase):
             llama.tally = self._tally
             self._llama = llama
 
-    def _read_blocking(self) -> _Chunk:
+    def _read_blocking(self) -> tuple[str, str | None, list[dict[str, Any]]]:
         if self._chunks is None:
             assert self._llama is not None
             if not self._prompt_reuse:
                 self._llama.reset()  # forget the KV cache: the whole prompt is evaluated again
-            self._chunks = _llama_chunks(self._llama, self._request)
+            self._chunks = llama_chunks(self._llama, self._request, self._grammar)
         for text, reason in self._chunks:
             if text or reason is not None:
-                return text, reason
-        return "", "stop"
+                return text, reason, self._taken_logprobs()
+        return "", "stop", self._taken_logprobs()
+
+    def _taken_logprobs(self) -> list[dict[str, Any]]:
+        taken, self._tally.logprobs = self._tally.logprobs, []
+        return taken
 
     def _release_slot(self, llama: _MeteredLlama) -> None:
         try:
@@ -369,6 +442,8 @@ class LlamaGeneration(GenerationStreamBase):
         self._ended = True
         self._cut_short = self._tally.stop.is_set()
         reason: FinishReason = "cancelled" if self._cut_short else self._finish_reason or "stop"
+        if reason == "stop" and self._scanner.called:
+            reason = "tool_calls"
         return Finished(reason, self._tally.prompt_tokens, self._tally.completion_tokens)
 
     def _report_tokens(self) -> None:
@@ -393,40 +468,6 @@ class LlamaGeneration(GenerationStreamBase):
         except Exception as exc:
             self._ended = True
             raise RuntimeFault(f"generation failed: {exc!r}", code="generation_failed") from exc
-
-
-def _llama_chunks(llama: llama_cpp.Llama, request: GenerationRequest) -> Generator[_Chunk, None, None]:
-    """llama-cpp-python's stream for ``request`` as (text, finish_reason) pairs."""
-    sampling = _sampling_arguments(request)
-    if request.messages is not None:
-        messages: Any = list(request.messages)
-        stream: Any = llama.create_chat_completion(messages=messages, stream=True, **sampling)
-        with contextlib.closing(stream):
-            for chunk in stream:
-                choice = chunk["choices"][0]
-                yield choice["delta"].get("content") or "", choice["finish_reason"]
-    else:
-        stream = llama.create_completion(prompt=request.prompt or "", stream=True, **sampling)
-        with contextlib.closing(stream):
-            for chunk in stream:
-                choice = chunk["choices"][0]
-                yield choice["text"], choice["finish_reason"]
-
-
-def _sampling_arguments(request: GenerationRequest) -> dict[str, Any]:
-    # Without an explicit seed llama-cpp-python reuses one fixed seed for every
-    # call, which would make every temperature > 0 answer identical.
-    seed = request.seed if request.seed is not None else secrets.randbits(31)
-    return {
-        "max_tokens": request.max_tokens,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "seed": seed,
-        "stop": list(request.stop),
-        "presence_penalty": request.presence_penalty,
-        "frequency_penalty": request.frequency_penalty,
-        "logit_bias": dict(request.logit_bias) or None,
-    }
 
 
 def default_threads_per_slot(slots: int) -> int:

@@ -36,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hedgerow.metrics import LATENCY_BUCKETS, TOKEN_BUCKETS, Histogram, render
-from workers.backend import BackendLoad, GenerationEvent, TokenChunk
+from workers.backend import BackendLoad, GenerationEvent, TokenChunk, ToolCallDelta
 
 
 @dataclass
@@ -54,7 +54,7 @@ class GenerationTiming:
     def saw(self, event: GenerationEvent, now: float) -> None:
         if self.first_at is None:
             self.first_at = now
-        if isinstance(event, TokenChunk):
+        if isinstance(event, TokenChunk | ToolCallDelta):  # a call's delta is output too
             if self.first_token_at is None:
                 self.first_token_at = now
             self.last_token_at = now

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from hedgerow.errors import RuntimeFault
+from hedgerow.errors import InvalidRequest, RuntimeFault
 from workers.backend import (
     BackendLoad,
     GenerationStreamBase,
@@ -222,6 +222,12 @@ class SimBackend:
         self._wall_clock = wall_clock
 
     def generate(self, request: GenerationRequest) -> SimGeneration:
+        # Simulated text cannot honour these; a 400 beats an answer that ignores them.
+        for asked, param in ((request.tool_mode, "tools"), (request.response_schema,
+                             "response_format"), (request.logprobs or None, "logprobs")):
+            if asked is not None:
+                raise InvalidRequest(f"the simulated backend does not honour {param}",
+                                     param=param, code="unsupported_parameter")
         rng = random.Random(self._rng.getrandbits(64))
         fate = draw_fate(request, self.latency, rng)
         if self.slow_periods is not None:

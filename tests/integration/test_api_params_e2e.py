@@ -52,17 +52,10 @@ def refused(call: Any, **fields: Any) -> openai.BadRequestError:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("fields, param", [
-    ({"tools": TOOLS}, "tools"),
-    ({"tools": TOOLS, "tool_choice": "required"}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
-    ({"n": 2}, "n"),
+    ({"functions": [TOOLS[0]["function"]]}, "functions"),
     ({"store": True}, "store"),
-    ({"messages": [*HI, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}]},
-     "messages.1.tool_calls"),
+    ({"messages": [*HI, {"role": "function", "name": "get_weather", "content": "12 C"}]},
+     "messages.1.role"),
     ({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "https://example.com/owl.png"}}]}]},
      "messages.0.content.0"),

@@ -9,9 +9,9 @@ share again; ``hedgerow cache purge`` makes the next identical request a
 miss on both; an OpenAI SDK streaming client gets the same chunk structure
 from a replay as from a live generation. The last test starts a third
 gateway with the real all-MiniLM-L6-v2 and checks a paraphrase is a semantic
-hit and a changed number is not, that torch is loaded only in the gateway's
-embedding sidecar (never in the gateway itself), and that the sidecar does not
-outlive a SIGKILLed gateway.
+hit and a changed number is not, that the model runs on ONNX Runtime in the
+gateway's embedding sidecar with torch loaded nowhere, and that the sidecar
+does not outlive a SIGKILLed gateway.
 
 The two gateways keep semantic caching off (their policy) so that neither
 loads the embedding model; each answer is stored just after it was sent, so
@@ -335,11 +335,12 @@ def test_a_paraphrase_is_a_semantic_hit_with_the_real_embedding_model(rig: Rig) 
         # Swapped units: as similar as the paraphrase (cosine ~0.98), refused by a guard.
         assert _ask(http, "How far is 5 miles in km?")[1] == "miss"
         assert _metric(gateway, "hedgerow_cache_guard_rejections_total", reason="units") == 1
-    # The model runs in the sidecar: torch is mapped there, never in the gateway.
+    # The model runs in the sidecar, on ONNX Runtime: torch is mapped in neither process.
     gateway_pid = gateway.proc.popen.pid
     (sidecar,) = _children(gateway_pid, "gateway.cache.embed_server")
     assert "libtorch" not in Path(f"/proc/{gateway_pid}/maps").read_text()
-    assert "libtorch" in Path(f"/proc/{sidecar}/maps").read_text()
+    sidecar_maps = Path(f"/proc/{sidecar}/maps").read_text()
+    assert "libonnxruntime" in sidecar_maps and "libtorch" not in sidecar_maps
     os.kill(gateway_pid, signal.SIGKILL)  # no orphan: the sidecar goes with it
     gateway.proc.popen.wait(10)
     wait_for(lambda: _state(sidecar) in ("gone", "Z"), "the sidecar to exit", 10)

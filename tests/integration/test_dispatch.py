@@ -617,7 +617,7 @@ async def test_non_streaming_client_gets_the_whole_answer_or_an_upstream_error(
                                    rig.call(ticket), keep_text=True).run()
         if complete:
             assert outcome.complete and not outcome.failed
-            assert "".join(outcome.text) == TEXT and outcome.completion_tokens == 3
+            assert outcome.fold.first().text == TEXT and outcome.completion_tokens == 3
         else:
             # Never relayed as it came: the stream ends with an error event instead.
             assert outcome.failed and outcome.error_code == "upstream_malformed"

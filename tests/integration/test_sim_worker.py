@@ -82,6 +82,38 @@ async def test_worker_streams_simulated_tokens_as_openai_chunks() -> None:
 
 
 @pytest.mark.anyio
+async def test_n_choices_from_the_worker_whole_and_streamed() -> None:
+    async with sim_worker(LatencyModel(**FAST)) as (url, backend), httpx.AsyncClient() as client:
+        whole = await client.post(url + "/v1/chat/completions",
+                                  json={**chat_body(max_tokens=2, stream=False), "n": 2})
+        streamed = await client.post(url + "/v1/chat/completions", json={
+            **chat_body(max_tokens=2), "n": 2, "stream_options": {"include_usage": True}})
+        assert backend.load().active == 0
+    body = whole.json()
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "tok1 tok2 ", "length"), (1, "tok1 tok2 ", "length")]
+    assert body["usage"]["completion_tokens"] == 4
+    chunks = [orjson.loads(e) for e in sse_data(streamed.content)[:-1]]
+    finishes = [c["choices"][0]["index"] for c in chunks
+                if c["choices"] and c["choices"][0]["finish_reason"]]
+    roles = [c["choices"][0]["index"] for c in chunks
+             if c["choices"] and c["choices"][0]["delta"].get("role")]
+    assert finishes == [0, 1] and roles == [0, 1]
+    assert [c["usage"]["completion_tokens"] for c in chunks if c.get("usage")] == [4]
+
+
+@pytest.mark.anyio
+async def test_the_simulated_worker_refuses_what_it_cannot_honour() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    async with sim_worker(LatencyModel(**FAST)) as (url, _), httpx.AsyncClient() as client:
+        response = await client.post(url + "/v1/chat/completions",
+                                     json={**chat_body(), "tools": tools})
+    assert response.status_code == 400
+    assert (response.json()["error"]["code"], response.json()["error"]["param"]) == (
+        "unsupported_parameter", "tools")
+
+
+@pytest.mark.anyio
 async def test_failure_before_first_token_is_a_500_even_when_streaming() -> None:
     async with sim_worker(LatencyModel(**FAST, failure_probability=1.0)) as (url, backend), \
             httpx.AsyncClient() as client:

@@ -83,7 +83,7 @@ def containers(kind: str | None = None) -> Iterator[tuple[dict[str, Any], dict[s
 
 def hedgerow_containers(command: str | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     return [(d, c) for d, c in containers()
-            if c["image"] == "hedgerow" and command in (None, c["args"][0])]
+            if c["image"].startswith("hedgerow-") and command in (None, c["args"][0])]
 
 
 def effective_image(image: str) -> str:

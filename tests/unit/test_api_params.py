@@ -65,17 +65,8 @@ def test_the_readme_table_lists_every_field_with_what_the_code_does() -> None:
 
 
 REFUSED_CHAT = [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("tool_choice", "auto"),
-    ("tool_choice", "required"),
-    ("tool_choice", {"type": "function", "function": {"name": "f"}}),
     ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
-    ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    ("logprobs", True),
-    ("top_logprobs", 3),
-    ("n", 2),
     ("audio", {"voice": "alloy", "format": "mp3"}),
     ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}),
@@ -98,7 +89,7 @@ def test_chat_fields_hedgerow_cannot_honour_are_refused_by_name(field: str, valu
 
 
 @pytest.mark.parametrize("field, value", [
-    ("n", 3), ("best_of", 2), ("echo", True), ("suffix", "end"), ("logprobs", 0), ("logprobs", 5),
+    ("best_of", 2), ("echo", True), ("suffix", "end"), ("logprobs", 0), ("logprobs", 5),
     ("prompt", ["a", "b"]), ("prompt", [1, 2, 3]),
 ])
 def test_completion_fields_hedgerow_cannot_honour_are_refused_by_name(field: str, value: Any) -> None:
@@ -200,9 +191,7 @@ TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "argu
 
 
 @pytest.mark.parametrize("message, param", [
-    ({"role": "tool", "content": "42", "tool_call_id": "call_1"}, "messages.1.role"),
     ({"role": "function", "content": "42", "name": "f"}, "messages.1.role"),
-    ({"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]}, "messages.1.tool_calls"),
     ({"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
      "messages.1.function_call"),
     ({"role": "assistant", "content": "x", "audio": {"id": "a1"}}, "messages.1.audio"),
@@ -217,7 +206,7 @@ TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "argu
                                    "prompt_cache_breakpoint": {"mode": "explicit"}}]},
      "messages.1.content.0.prompt_cache_breakpoint"),
 ])
-def test_tool_turns_and_non_text_content_are_refused_by_path(message: dict[str, Any], param: str) -> None:
+def test_function_turns_and_non_text_content_are_refused_by_path(message: dict[str, Any], param: str) -> None:
     error = refusal(chat, messages=[USER, message])
     assert (error.code, error.param) == ("unsupported_parameter", param)
 

@@ -6,7 +6,17 @@ import anyio
 import pytest
 
 from hedgerow.errors import InvalidRequest
-from workers.backend import DecodeRateMeter, GenerationRequest, SlotPool
+from workers.backend import (
+    DecodeRateMeter,
+    Finished,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationStream,
+    GenerationStreamBase,
+    SeveralChoices,
+    SlotPool,
+    TokenChunk,
+)
 
 
 def test_request_needs_exactly_one_of_messages_or_prompt() -> None:
@@ -98,3 +108,43 @@ async def _acquire_in_scope(pool: SlotPool[str], scope: anyio.CancelScope) -> No
     with scope:
         await pool.acquire()
         pytest.fail("a cancelled waiter must not end up holding the slot")
+
+
+class _Scripted(GenerationStreamBase):
+    """A stream of given events that records whether it was closed."""
+
+    def __init__(self, events: list[GenerationEvent]) -> None:
+        self._events = list(events)
+        self.closed = False
+
+    async def __anext__(self) -> GenerationEvent:
+        if self.closed or not self._events:
+            raise StopAsyncIteration
+        return self._events.pop(0)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.anyio
+async def test_several_choices_come_one_after_another_with_usage_once() -> None:
+    streams = [_Scripted([TokenChunk(t), Finished("stop", 7, n)]) for t, n in (("a", 1), ("bc", 2))]
+    events = [e async for e in SeveralChoices(streams[0], [lambda: streams[1]])]
+    assert events == [TokenChunk("a"), Finished("stop", 7, 1, choice=0, final=False),
+                      TokenChunk("bc", choice=1), Finished("stop", 7, 3, choice=1, final=True)]
+    assert all(s.closed for s in streams)
+
+
+@pytest.mark.anyio
+async def test_closing_several_choices_early_starts_no_more() -> None:
+    started: list[int] = []
+
+    def later() -> GenerationStream:
+        started.append(1)
+        return _Scripted([])
+
+    first = _Scripted([TokenChunk("a"), Finished("stop", 7, 1)])
+    choices = SeveralChoices(first, [later])
+    assert await choices.__anext__() == TokenChunk("a")
+    await choices.aclose()
+    assert first.closed and not started

@@ -59,7 +59,8 @@ def test_nginx_config_streams_unbuffered_over_keepalive(tmp_path: Path) -> None:
     text = NginxConfig(tmp_path, 8443, "127.0.0.1:9000", tmp_path / "c.pem", tmp_path / "k.pem").render()
     for directive in ("daemon off;", "worker_processes 1;", "listen 127.0.0.1:8443 ssl http2;",
                       "proxy_buffering off;", "proxy_cache off;", "proxy_http_version 1.1;",
-                      'proxy_set_header Connection "";', "access_log off;", "keepalive 256;",
+                      'proxy_set_header Connection "";', f"access_log {tmp_path / 'access.log'};",
+                      "keepalive 256;",
                       "server 127.0.0.1:9000;"):
         assert directive in text
 

@@ -96,10 +96,49 @@ def test_json_replay_and_entry_from_response_round_trip() -> None:
     assert text_entry is not None and not text_entry.chat and text_entry.text == "abc"
 
 
-def test_tool_calls_are_not_cached() -> None:
-    body = oa.chat_completion("r", "m", 1, "", "tool_calls", oa.usage(1, 1))
-    body["choices"][0]["message"]["tool_calls"] = [{"id": "x"}]
-    assert entry_from_response(body) is None
+CALL = {"id": "call_7", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+
+
+def tool_call_body() -> dict[str, object]:
+    body = oa.chat_completion("r", "m", 1, "", "tool_calls", oa.usage(9, 8))
+    body["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    return body
+
+
+def test_a_tool_call_answer_is_stored_and_replayed_intact() -> None:
+    entry = entry_from_response(tool_call_body())
+    assert entry is not None and CacheEntry.decode(entry.encode()) == entry
+    assert json_replay(entry, "r", created=1) == tool_call_body()
+    builder = EntryBuilder()
+    for data in replayed(entry, include_usage=True, created=1)[:-1]:
+        builder.feed(orjson.loads(data))
+    assert builder.build() == entry
+
+
+def test_answers_that_cannot_be_replayed_exactly_are_not_stored() -> None:
+    nameless = tool_call_body()
+    nameless["choices"][0]["message"]["tool_calls"] = [{"id": "x"}]  # type: ignore[index]
+    assert entry_from_response(nameless) is None
+    two = oa.chat_completion("r", "m", 1, "a", "stop", oa.usage(1, 1))
+    two["choices"].append({**two["choices"][0], "index": 1})
+    assert entry_from_response(two) is None
+    misspelt = oa.chat_completion("r", "m", 1, "Hello", "stop", oa.usage(1, 1))
+    misspelt["choices"][0]["logprobs"] = {"content": [
+        {"token": "Help", "logprob": -1.0, "bytes": None, "top_logprobs": []}]}
+    assert entry_from_response(misspelt) is None
+
+
+def test_logprobs_are_replayed_a_token_a_chunk() -> None:
+    body = oa.chat_completion("r", "m", 1, "Hello", "stop", oa.usage(1, 2))
+    entries = [{"token": t, "logprob": -0.5, "bytes": list(t.encode()), "top_logprobs": []}
+               for t in ("Hel", "lo")]
+    body["choices"][0]["logprobs"] = {"content": entries, "refusal": None}
+    entry = entry_from_response(body)
+    assert entry is not None and json_replay(entry, "r", created=1) == body
+    contents = [orjson.loads(d)["choices"][0] for d in replayed(entry)[1:3]]
+    assert [c["delta"]["content"] for c in contents] == ["Hel", "lo"]
+    assert [c["logprobs"]["content"] for c in contents] == [[entries[0]], [entries[1]]]
 
 
 def test_a_replayed_stream_builds_back_the_same_entry() -> None:

@@ -20,7 +20,8 @@ from gateway.cache.guards import check, facts
     ("Bread recipe with yeast", "Bread recipe without yeast", "negation"),
     ("Can I ever mix bleach and ammonia?", "Can I never mix bleach and ammonia?", "negation"),
     ("What is the capital of France?", "What is the capital of Spain?", "entities"),
-    ("Does Alice owe Bob money?", "Does Bob owe Alice money?", "entities"),
+    ("Does Alice owe Bob money?", "Does Bob owe Alice money?", "word order"),
+    ("Does Alice owe Bob money?", "Does Carol owe Bob money?", "entities"),
     ("Who founded IBM?", "Who founded HP?", "entities"),
     ("What does os.path.join do?", "What does os.path.split do?", "identifiers"),
     ("Explain `fetch_all` please", "Explain `fetch_one` please", "identifiers"),
@@ -29,6 +30,15 @@ from gateway.cache.guards import check, facts
     ("Sort the list in ascending order", "Sort the list in descending order", "opposites"),
     ("How do I upload a file with curl?", "How do I download a file with curl?", "opposites"),
     ("Rules of chess compared to checkers", "Rules of checkers compared to chess", "word order"),
+    # Content words: one changed in an otherwise identical question, or one added.
+    ("is the 7 am train to boston crowded", "is the 7 pm train to boston crowded", "changed words"),
+    ("best places to visit in europe", "best places to visit in france", "changed words"),
+    ("is it cheaper to fly or take the train", "is it faster to fly or take the train",
+     "changed words"),
+    ("what is the past tense of swim", "what is the future tense of swim", "changed words"),
+    ("how do i clean a cast iron pan", "how do i clean a cast iron radiator", "changed words"),
+    ("who has won the most grand slams in tennis",
+     "who has won the most grand slams in women's tennis", "added words"),
 ])
 def test_near_misses_are_refused_with_their_reason(cached: str, new: str, reason: str) -> None:
     assert check(new, cached) == reason
@@ -39,8 +49,15 @@ def test_near_misses_are_refused_with_their_reason(cached: str, new: str, reason
     ("How far is 5 km in miles?", "How many miles is 5 km?"),
     ("Convert five kilograms to pounds", "How many pounds is 5 kg?"),
     ("What is 20% of 80?", "What is 20 percent of 80?"),
-    ("Who wrote Hamlet?", "Who is the author of Hamlet?"),
-    ("How long should I boil an egg?", "What is the boiling time for an egg?"),
+    ("Who wrote Hamlet?", "Who is the author of the play Hamlet?"),
+    ("How long should I boil an egg?", "How long do eggs need to boil?"),
+    # Typed as people type: case, typos, abbreviations, filler, another word order.
+    ("What is the GDP of Germany?", "How large is Germany's GDP?"),
+    ("do i need a visa as a US citizen", "do i need a visa as a us citizen"),
+    ("how to sharpen a kitchen knife", "hw do i sharpen my kitchen knifes"),
+    ("what temperature should i bake chicken at", "whats the temp to bake chicken"),
+    ("how do i reverse a string in python", "python reverse string"),
+    ("How do I delete a branch in git?", "What's the command to delete a git branch?"),
     ("Explain recursion simply.", "Can you explain recursion simply?"),
     ("What does `git stash` do?", "What is the purpose of `git stash`?"),
     ("Tips for a first marathon", "Give me tips for my first marathon"),
@@ -59,9 +76,24 @@ def test_numbers_written_as_words_equal_digits() -> None:
     assert facts("five apples and a dozen eggs").numbers == facts("5 apples and 12 eggs").numbers
 
 
+def test_a_synonym_swapped_into_an_otherwise_identical_question_is_refused() -> None:
+    """The price of refusing "7 am" / "7 pm" without a word list: a lone changed
+    word is refused whatever it is, so these true paraphrases miss (the cache
+    serves them the next time they are asked exactly)."""
+    assert check("How frequently should I feed my cat?", "How often should I feed my cat?") \
+        == "changed words"
+    assert check("Who is the author of Hamlet?", "Who wrote Hamlet?") == "changed words"
+
+
+def test_rewordings_that_share_few_words_are_left_to_the_threshold() -> None:
+    assert check("How can I repair a dripping faucet?", "How do I fix a leaking faucet?") is None
+    assert check("What are ways to sleep better?", "How can I improve my sleep quality?") is None
+
+
 def test_the_labeled_set_is_balanced_and_the_guards_hold_on_it() -> None:
     """bench/data/paraphrases.jsonl: guards refuse every negative of a kind they
-    cover and let nearly every true paraphrase through (the threshold does the rest)."""
+    cover, and refuse at most a third of the true paraphrases (measured: 36 of
+    112, 26 of them a lone changed word; see docs/benchmarks.md)."""
     from bench.cache_eval import load_pairs
 
     pairs = load_pairs()
@@ -73,4 +105,4 @@ def test_the_labeled_set_is_balanced_and_the_guards_hold_on_it() -> None:
     passed = [p for p in guarded if check(p.b, p.a) is None]
     assert passed == []
     refused = [p for p in positives if check(p.b, p.a) is not None]
-    assert len(refused) <= len(positives) // 20, refused
+    assert len(refused) <= len(positives) // 3, refused

@@ -75,6 +75,18 @@ def test_transport_fields_defaults_and_whitespace_keep_the_key(same: dict[str, A
     request(tools=[{"type": "function", "function": {"name": "f"}}]),
     request(tool_choice="none"),
     request(response_format={"type": "json_object"}),
+    request(response_format={"type": "json_schema", "json_schema": {
+        "name": "p", "schema": {"type": "object"}}}),
+    request(logprobs=True, top_logprobs=2),
+    request(n=2),
+    request(tool_choice={"type": "function", "function": {"name": "f"}}),
+    request(parallel_tool_calls=False),
+    request(messages=[{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "How far is 5 km in miles?"},
+                      {"role": "assistant", "content": None, "tool_calls": [
+                          {"id": "call_1", "type": "function",
+                           "function": {"name": "f", "arguments": "{}"}}]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "8 km"}]),
     request(messages=[{"role": "system", "content": "Be brief."},
                       {"role": "user", "content": "How far is 50 km in miles?"}]),
     request(messages=[{"role": "system", "content": "Be verbose."},

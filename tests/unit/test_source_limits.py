@@ -161,3 +161,20 @@ def test_exempt_networks_are_neither_limited_nor_tracked() -> None:
     assert not nothing.exempt("127.0.0.1")
     with pytest.raises(ValueError):
         SourceLimitsConfig(exempt=("not a network",))
+
+
+def test_check_says_what_admit_would_and_takes_nothing() -> None:
+    limits = SourceLimits(SourceLimitsConfig(exempt=(), max_open_per_ip=2, rate_per_ip=1))
+    assert limits.check("192.0.2.1", 0.0) is None  # never seen
+    for _ in range(2):
+        assert limits.check("192.0.2.1", 0.0) is None
+        assert limits.admit("192.0.2.1", 0.0) is None
+    assert limits.stats()["open_sources"] == 2  # the IP and its /24
+    assert limits.check("192.0.2.1", 0.0) == "ip_open"
+    assert limits.admit("192.0.2.1", 0.0) == "ip_open"
+    assert limits.refused["ip_open"] == 2  # each refusal counted
+    limits.release("192.0.2.1", 0.0)
+    assert limits.check("192.0.2.1", 0.0) == "ip_rate"  # room again, but the burst (2) is spent
+    assert limits.check("192.0.2.1", 1.0) is None  # refilled at 1/s
+    limits.release("192.0.2.1", 1.0)
+    assert limits.stats()["open_sources"] == 0

