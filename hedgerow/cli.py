@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from gateway.quic_admission import QuicLimits
     from hedgerow.trust.process import InternalTls
     from hedgerow.redis_conn import RedisTls
-    from workers.sim_backend import LatencyModel
+    from workers.sim_backend import LatencyModel, SlowPeriods
 
 DEFAULT_CONTROL_PLANE = "https://127.0.0.1:8500"
 
@@ -558,6 +558,10 @@ def _add_sim_options(wk: argparse.ArgumentParser) -> None:
     group.add_argument("--sim-seed", type=int, help="seed for reproducible runs")
     group.add_argument("--sim-embedding-model", metavar="NAME",
                        help="also serve a simulated embedding model NAME at /v1/embeddings")
+    group.add_argument("--sim-slow-periods", metavar="PROB:SECONDS:FACTOR",
+                       help="correlated stragglers: each SECONDS-long window of wall-clock time "
+                            "is slow (every sleep x FACTOR) with probability PROB, drawn from "
+                            "--sim-seed, so workers given one seed are slow together")
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
@@ -746,6 +750,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         warm_up=args.warm_up,
         sim=_latency_model(args) if args.backend == "sim" else None, sim_seed=args.sim_seed,
         sim_embedding_model=args.sim_embedding_model if args.backend == "sim" else None,
+        sim_slow_periods=_slow_periods(args) if args.backend == "sim" else None,
     )
     backend = build_sim_backend(options) if args.backend == "sim" else build_llama_backend(options)
     worker_id = options.worker_id or default_worker_id(backend)
@@ -774,7 +779,7 @@ def _internal_tls(args: argparse.Namespace, role: str, name: str, control_plane:
 
 
 def _latency_model(args: argparse.Namespace) -> LatencyModel:
-    from workers.sim_backend import LatencyModel
+    from workers.sim_backend import LatencyModel, SlowPeriods
 
     try:
         return LatencyModel(
@@ -785,6 +790,17 @@ def _latency_model(args: argparse.Namespace) -> LatencyModel:
             mid_stream_failure_probability=args.sim_midstream_fail_prob,
             output_tokens=args.sim_output_tokens,
         )
+    except ValueError as error:
+        raise SystemExit(f"hedgerow: {error}") from error
+
+
+def _slow_periods(args: argparse.Namespace) -> SlowPeriods | None:
+    from workers.sim_backend import SlowPeriods
+
+    if not args.sim_slow_periods:
+        return None
+    try:
+        return SlowPeriods.parse(args.sim_slow_periods, args.sim_seed or 0)
     except ValueError as error:
         raise SystemExit(f"hedgerow: {error}") from error
 

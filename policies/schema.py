@@ -460,8 +460,9 @@ class Topology(_Strict):
     """
 
     # local_first: prefer the gateway's own PoP (see policies/locality.py);
-    # blind: ignore PoPs (the old behaviour, kept for comparison).
-    routing: Literal["local_first", "blind"] = "local_first"
+    # blind: ignore PoPs (the old behaviour, kept for comparison);
+    # local_only: never leave the gateway's PoP (each PoP on its own, for comparison).
+    routing: Literal["local_first", "blind", "local_only"] = "local_first"
     pops: tuple[Pop, ...] = ()
     # Round-trip times between PoPs, either direction: {ams: {fra: 12}}.
     rtt_ms: dict[Name, dict[Name, float]] = Field(default_factory=dict)

@@ -31,8 +31,8 @@ from hedgerow.wire import SelfRegistration, WorkerLoad
 from workers.app import WorkerApp, WorkerState
 from workers.backend import Backend
 from workers.heartbeat import DeregisterNow, HeartbeatActor
-from workers.sim_backend import LatencyModel, SimBackend
 from workers.sim_embeddings import SimEmbedder
+from workers.sim_backend import LatencyModel, SimBackend, SlowPeriods
 
 log = logging.getLogger("hedgerow.worker")
 
@@ -54,6 +54,7 @@ class WorkerOptions:
     sim: LatencyModel | None = None  # set for `--backend sim`
     sim_seed: int | None = None
     sim_embedding_model: str | None = None  # also serve this simulated embedding model
+    sim_slow_periods: SlowPeriods | None = None  # correlated stragglers (`--sim-slow-periods`)
     quant: str | None = None  # serve the bundled model in this quantization (workers.models)
     tier: str | None = None  # advertised as labels["tier"]; the policy maps classes to tiers
     prompt_reuse: bool = True
@@ -79,8 +80,10 @@ def build_sim_backend(options: WorkerOptions) -> Backend:
     name = options.model_name or DEFAULT_MODEL_NAME
     latency = options.sim or LatencyModel()
     slots = options.slots or 1
-    log.info("simulating %s with %d slot(s): %s", name, slots, latency)
-    return SimBackend(name, slots, latency, options.sim_seed)
+    log.info("simulating %s with %d slot(s): %s %s", name, slots, latency,
+             options.sim_slow_periods or "")
+    return SimBackend(name, slots, latency, options.sim_seed,
+                      slow_periods=options.sim_slow_periods)
 
 
 def build_llama_backend(options: WorkerOptions) -> Backend:
