@@ -56,7 +56,7 @@ def test_hedging_at_the_shipped_settings_cuts_the_ttft_p99_of_stragglers(tmp_pat
     # starts with an empty budget rescues stragglers only by luck (it failed
     # so at 8 s of warm-up, once in two runs).
     plan = scenarios.StragglerPlan(rate=12.0, warm_up_s=17.0, duration_s=25.0,
-                                   straggler_prob=0.03, cases=("independent",),
+                                   straggler_prob=0.02, cases=("independent",),
                                    hedging_enabled="hedging" not in SWITCHED_OFF)
     # A stall of this shared machine (seconds, load 8+) hits both classes alike
     # and can push both p99s above the stragglers', hiding the cut: one more
@@ -70,7 +70,7 @@ def test_hedging_at_the_shipped_settings_cuts_the_ttft_p99_of_stragglers(tmp_pat
             break
     on, off = out["hedge_on"], out["hedge_off"]
     assert on["ok"] == on["requests"] and off["ok"] == off["requests"], out
-    # Stragglers (3%) set the unhedged p99; hedged, they are rescued after the
+    # Stragglers (2%: ~3 of ~154, inside the budget's 5% and burst of 5) set the unhedged p99; hedged, they are rescued after the
     # pool's p95 TTFT. Quick runs: see docs/benchmarks.md.
     assert out["p99_cut"] >= 0.35, attempts
     assert on["extra_request_fraction"] <= 0.12, out  # shipped budget: 5%, burst 5
