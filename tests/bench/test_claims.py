@@ -70,8 +70,9 @@ def test_hedging_at_the_shipped_settings_cuts_the_ttft_p99_of_stragglers(tmp_pat
             break
     on, off = out["hedge_on"], out["hedge_off"]
     assert on["ok"] == on["requests"] and off["ok"] == off["requests"], out
-    # Stragglers (2%: ~3 of ~154, inside the budget's 5% and burst of 5) set the unhedged p99; hedged, they are rescued after the
-    # pool's p95 TTFT. Quick runs: see docs/benchmarks.md.
+    # Stragglers (2%: ~3 of ~154, inside the budget's 5% and burst of 5) set the
+    # unhedged p99; hedged, they are rescued after the pool's p95 TTFT. Quick
+    # runs: see docs/benchmarks.md.
     assert out["p99_cut"] >= 0.35, attempts
     assert on["extra_request_fraction"] <= 0.12, out  # shipped budget: 5%, burst 5
 
