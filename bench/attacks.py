@@ -579,4 +579,5 @@ def attacks(quick: bool, workdir: Path) -> dict[str, Any]:
     finally:
         stack.stop_all()
     return {"scenario": "attacks", "quick": quick, "attacks": results,
+            "baseline": "the good client's latency before each attack, on the same gateway",
             "all_cut": all(r["cut_after_s"] is not None for r in results.values())}

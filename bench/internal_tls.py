@@ -74,7 +74,8 @@ def summarize(measured: dict[int, dict[str, Measured]], plan: OverheadPlan,
                                                      - plain_cpu) / plain_cpu, 1)
                                         if plain_cpu else None)
         by_streams[str(concurrency)] = row
-    return {"by_streams": by_streams, "client_http": client_http, "rounds": plan.rounds,
+    return {"baseline": "the same gateway and worker with --insecure-internal (plain HTTP)",
+            "by_streams": by_streams, "client_http": client_http, "rounds": plan.rounds,
             "worker_latency": {"prefill_ms_per_token": plan.prefill_ms_per_token,
                                "decode_ms_per_token": plan.decode_ms_per_token,
                                "max_tokens": plan.max_tokens, "jitter": 0}}

@@ -212,6 +212,8 @@ def summarize_overhead(measured: MeasuredByLevel, plan: OverheadPlan,
                 for proxy in PROXIES}
     return {
         **top,
+        "baseline": "nginx (a stock reverse proxy, its recommended streaming settings); "
+                    "direct to the worker for the added latency",
         "streams": plan.top_concurrency,
         "by_streams": by_streams,
         **{f"{proxy}_cpu_ms_per_request": round(1000 * cpu[proxy] / max(1, requests[proxy]), 3)

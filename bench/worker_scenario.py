@@ -4,11 +4,15 @@ Runs the bundled SmolLM2-135M in this process through ``LlamaBackend`` (the
 code a worker serves with), one request at a time so each number is a
 single generation's, and measures:
 
-- **Prompt reuse.** Multi-turn chats that share a system prompt of 500+
-  tokens, their turns interleaved, on a two-slot backend: time to first
-  token (TTFT) of every turn with prompt reuse (a slot keeps its KV cache and
-  is picked by longest shared prefix) and without (every prompt evaluated in
-  full). Also the prompt tokens reused, from the backend's own counters.
+- **Prompt reuse.** Multi-turn chats that share a system prompt of 600
+  tokens, their turns interleaved, more chats than the backend's two slots:
+  time to first token (TTFT) of every turn three ways, turn by turn in
+  rotation so drift on a shared machine hits all alike: Hedgerow's reuse (a
+  slot keeps its KV cache and is picked by longest shared prefix);
+  llama-cpp-python's default (slots handed out in turn, each context reusing
+  whatever prefix it shares with the prompt, as the library does by itself:
+  the baseline a user would otherwise run); and none (every prompt evaluated
+  in full). Also the prompt tokens reused, from the backend's own counters.
 - **Prompt-lookup decoding.** An extraction task (a completion that copies
   records listed in its prompt) at temperature 0, with and without drafting:
   decode tokens/s, drafted and accepted tokens, and whether the two answers
@@ -43,16 +47,20 @@ log = logging.getLogger("hedgerow.bench.worker")
 
 N_CTX = 2048
 
-# 604 tokens for SmolLM2's tokenizer (the scenario reports the prompts' token counts).
-SYSTEM_PROMPT = (
-    "You are Hedgerow Assist, the support assistant of a company that runs an edge network "
-    "for streaming chat models. Follow these rules in every answer. "
-    + " ".join(
-        f"Rule {i}: when a customer asks about topic {i}, answer briefly, name the relevant "
-        f"setting, say whether a restart is needed, and never invent numbers or prices."
-        for i in range(1, 17)
+def system_prompt(rules: int = 16) -> str:
+    """The shared system prompt; 16 rules are 604 tokens for SmolLM2's tokenizer."""
+    return (
+        "You are Hedgerow Assist, the support assistant of a company that runs an edge network "
+        "for streaming chat models. Follow these rules in every answer. "
+        + " ".join(
+            f"Rule {i}: when a customer asks about topic {i}, answer briefly, name the relevant "
+            f"setting, say whether a restart is needed, and never invent numbers or prices."
+            for i in range(1, rules + 1)
+        )
     )
-)
+
+
+SYSTEM_PROMPT = system_prompt()
 QUESTIONS = (
     "How do I rotate my API key?",
     "Can I change the region of a worker?",
@@ -140,41 +148,88 @@ def _p50_ms(values: list[float]) -> float:
 # -- prompt reuse ---------------------------------------------------------------
 
 
-async def conversations(backend: LlamaBackend, chats: int, turns: int) -> list[Timed]:
-    """``chats`` conversations sharing SYSTEM_PROMPT, their turns interleaved round-robin."""
-    histories = [[{"role": "system", "content": SYSTEM_PROMPT}] for _ in range(chats)]
-    results: list[Timed] = []
-    for turn in range(turns):
-        for index, history in enumerate(histories):
+# How each mode is built: LlamaBackend keywords.
+REUSE_MODES: dict[str, dict[str, bool]] = {
+    "reuse": {"prompt_reuse": True, "slot_affinity": True},
+    "library_default": {"prompt_reuse": True, "slot_affinity": False},
+    "no_reuse": {"prompt_reuse": False},
+}
+REUSE_BASELINES = {
+    "library_default": "llama-cpp-python's default: each context reuses the prefix it shares "
+                       "with the prompt; slots handed out in turn (what a user would otherwise run)",
+    "no_reuse": "every prompt evaluated in full (llama.reset() before each request)",
+}
+
+
+@dataclass(frozen=True)
+class ReusePlan:
+    chats: int = 3  # more than SLOTS: the chats do not all fit
+    turns: int = 3
+    rules: int = 16  # system prompt length (16: 604 tokens)
+    answer_tokens: int = 12
+    modes: tuple[str, ...] = ("reuse", "library_default", "no_reuse")
+
+
+SLOTS = 2
+
+
+async def conversations(backends: dict[str, LlamaBackend], plan: ReusePlan
+                        ) -> dict[str, list[Timed]]:
+    """``plan.chats`` conversations sharing one system prompt, their turns interleaved
+    round-robin; each turn runs on every backend in turn (rotating which goes first)."""
+    prompt = system_prompt(plan.rules)
+    names = list(backends)
+    histories = {name: [[{"role": "system", "content": prompt}] for _ in range(plan.chats)]
+                 for name in names}
+    results: dict[str, list[Timed]] = {name: [] for name in names}
+    step = 0
+    for turn in range(plan.turns):
+        for index in range(plan.chats):
             question = QUESTIONS[(index + turn) % len(QUESTIONS)]
-            history.append({"role": "user", "content": f"{question} (customer {index})"})
-            result = await timed(backend, chat(history, max_tokens=12))
-            history.append({"role": "assistant", "content": result.text})
-            results.append(result)
+            order = names[step % len(names):] + names[:step % len(names)]
+            step += 1
+            for name in order:
+                history = histories[name][index]
+                history.append({"role": "user", "content": f"{question} (customer {index})"})
+                result = await timed(backends[name], chat(history, plan.answer_tokens))
+                history.append({"role": "assistant", "content": result.text})
+                results[name].append(result)
     return results
 
 
 async def prompt_reuse(quick: bool) -> dict[str, Any]:
-    chats, turns = (2, 3) if quick else (4, 6)
-    out: dict[str, Any] = {"chats": chats, "turns": turns, "slots": 2}
-    for mode, reuse in (("reuse", True), ("no_reuse", False)):
-        backend = load(slots=2, prompt_reuse=reuse)
-        try:
-            backend.warm_up()
-            results = await conversations(backend, chats, turns)
-            counted = backend.load()
-        finally:
+    return await measure_prompt_reuse(ReusePlan() if quick else ReusePlan(chats=4, turns=6))
+
+
+async def measure_prompt_reuse(plan: ReusePlan) -> dict[str, Any]:
+    out: dict[str, Any] = {"chats": plan.chats, "turns": plan.turns, "slots": SLOTS,
+                           "baseline": "library_default", "baselines": REUSE_BASELINES}
+    backends: dict[str, LlamaBackend] = {}
+    try:
+        for mode in plan.modes:
+            backends[mode] = load(slots=SLOTS, **REUSE_MODES[mode])
+            backends[mode].warm_up()
+        results = await conversations(backends, plan)
+        counted = {mode: backend.load() for mode, backend in backends.items()}
+    finally:
+        for backend in backends.values():
             backend.close()
-        ttfts = [r.ttft_s for r in results]
+    for mode in plan.modes:
+        ttfts = [r.ttft_s for r in results[mode]]
         out[f"ttft_p50_ms_{mode}"] = _p50_ms(ttfts)
-        out[f"ttft_p50_ms_{mode}_first_turns"] = _p50_ms(ttfts[:chats])
-        out[f"ttft_p50_ms_{mode}_later_turns"] = _p50_ms(ttfts[chats:])
-        out[f"prompt_tokens_p50_{mode}"] = statistics.median(r.prompt_tokens for r in results)
-        out[f"prompt_cache_hits_{mode}"] = counted.prompt_cache_hits_total
-        out[f"prompt_cache_misses_{mode}"] = counted.prompt_cache_misses_total
+        out[f"ttft_p50_ms_{mode}_first_turns"] = _p50_ms(ttfts[:plan.chats])
+        out[f"ttft_p50_ms_{mode}_later_turns"] = _p50_ms(ttfts[plan.chats:])
+        out[f"prompt_tokens_p50_{mode}"] = statistics.median(r.prompt_tokens for r in results[mode])
+        out[f"prompt_cache_hits_{mode}"] = counted[mode].prompt_cache_hits_total
+        out[f"prompt_cache_misses_{mode}"] = counted[mode].prompt_cache_misses_total
         out[f"reused_token_fraction_{mode}"] = round(
-            counted.prompt_tokens_reused_total / max(1, counted.prompt_tokens_total), 3)
-    out["reuse_ttft_speedup"] = round(out["ttft_p50_ms_no_reuse"] / out["ttft_p50_ms_reuse"], 2)
+            counted[mode].prompt_tokens_reused_total / max(1, counted[mode].prompt_tokens_total), 3)
+    for mode in plan.modes:
+        if mode != "reuse" and "reuse" in plan.modes:
+            out[f"reuse_ttft_speedup_vs_{mode}"] = round(
+                out[f"ttft_p50_ms_{mode}"] / out["ttft_p50_ms_reuse"], 2)
+    if "no_reuse" in plan.modes and "reuse" in plan.modes:
+        out["reuse_ttft_speedup"] = out["reuse_ttft_speedup_vs_no_reuse"]
     return out
 
 
@@ -285,6 +340,8 @@ def worker(quick: bool, workdir: Path) -> dict[str, Any]:
     return {
         "ttft_p50_ms_reuse": reuse["ttft_p50_ms_reuse"],
         "ttft_p50_ms_no_reuse": reuse["ttft_p50_ms_no_reuse"],
+        "ttft_p50_ms_library_default": reuse["ttft_p50_ms_library_default"],
+        "baseline": "library_default (prompt reuse); plain decoding (lookup); no warm-up (warm start)",
         "tokens_per_s_lookup": lookup["tokens_per_s_lookup"],
         "tokens_per_s_plain": lookup["tokens_per_s_plain"],
         "cold_first_ttft_ms": warm["cold_first_ttft_ms"],

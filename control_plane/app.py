@@ -117,8 +117,9 @@ class ControlPlaneApp:
             {"worker_id": w.registration.worker_id, "kind": w.registration.kind,
              "device": w.registration.device,
              "device_memory_bytes": w.registration.device_memory_bytes,
-             "models": list(w.registration.models), "slots": w.registration.slots,
-             "active": w.load.active, "draining": w.load.draining,
+             "models": list(w.registration.models),
+             "embedding_models": list(w.registration.embedding_models),
+             "slots": w.registration.slots, "active": w.load.active, "draining": w.load.draining,
              "labels": w.registration.labels, "external": w.registration.external}
             for w in snapshot.workers]}
         if self.policy_api is not None:

@@ -43,6 +43,7 @@ Source = Literal["policy", "api"]
 def registration_for(spec: Upstream) -> WorkerRegistration:
     return WorkerRegistration(
         worker_id=spec.name, url=spec.url, kind=spec.kind, models=spec.models,
+        embedding_models=spec.embedding_models,
         slots=spec.slots, labels=spec.labels, external=True, model_map=spec.model_map,
         api_key_env=spec.api_key_env)
 
@@ -120,7 +121,8 @@ class UpstreamBook:
 
     def rows(self) -> list[dict[str, Any]]:
         return [{"name": name, "source": t.source, "health": t.health, "url": t.spec.url,
-                 "models": list(t.spec.models), "last_error": t.last_error}
+                 "models": list(t.spec.models),
+                 "embedding_models": list(t.spec.embedding_models), "last_error": t.last_error}
                 for name, t in sorted(self.tracked.items())]
 
     def _api_count(self) -> int:

@@ -39,6 +39,7 @@ from gateway.dialects import (
 )
 from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, InFlight
+from gateway import embed_route
 from gateway.embeddings import EmbeddingModel
 from gateway.key_gate import KeyGate
 from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics
@@ -48,11 +49,12 @@ from gateway.cache import Hit, ResponseCache
 from gateway.cache.entry import entry_from_fold
 from gateway.cache.keys import bypasses_lookup, cacheable
 from gateway.generation import Generation, classify
+from gateway.tracing_attributes import describe_request, request_attributes
 from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
 from gateway.stream_log import StreamBook, StreamLog
 from gateway.scheduling import SchedulerDoor
 from gateway.tickets import Ticket
-from hedgerow import embeddings_api
+from hedgerow import embeddings_api, tracing
 from hedgerow import openai_api as oa
 from hedgerow.body_budget import BodyBudget
 from hedgerow.asgi import (
@@ -206,10 +208,11 @@ class GatewayApp:
         data: list[dict[str, Any]] = [
             {"id": name, "object": "model", "created": 0, "owned_by": "hedgerow"}
             for name in self._models()]
-        if self.embedding is not None:
-            # ``kind`` (not OpenAI's) lets a chat client such as the page skip it.
-            data.append({"id": embeddings_api.MODEL, "object": "model", "created": 0,
-                         "owned_by": "hedgerow", "kind": "embedding"})
+        # ``kind`` (not OpenAI's) lets a chat client such as the page skip them.
+        embedding = [embeddings_api.MODEL] if self.embedding is not None else []
+        embedding += [m for m in self.directory.value.embedding_models() if m not in embedding]
+        data += [{"id": name, "object": "model", "created": 0, "owned_by": "hedgerow",
+                  "kind": "embedding"} for name in embedding]
         await send_json(request.send, 200, {"object": "list", "data": data})
 
     def _models(self) -> tuple[str, ...]:
@@ -242,11 +245,15 @@ class GatewayApp:
         body = await request.body(policy.limits.max_body_bytes,
                                   deadline_s=policy.timeouts.body_ms / 1000,
                                   budget=self.body_budget)
-        parsed = embeddings_api.parse(oa.decode_request(body))
+        request_json = oa.decode_request(body)
+        parsed = embeddings_api.parse(request_json)
         model = self.embedding
-        if model is None or parsed.model not in embeddings_api.MODEL_ALIASES:
-            raise ModelNotFound(f"the embedding model {parsed.model!r} does not exist; "
-                                f"{embeddings_api.MODEL!r} is served", param="model")
+        if parsed.model not in embeddings_api.MODEL_ALIASES:
+            await self._embed_elsewhere(request, observed, identity, policy, request_json)
+            return
+        if model is None:
+            raise ModelNotFound(f"the embedding model {parsed.model!r} does not exist",
+                                param="model")
         observed.labelled(embeddings_api.MODEL, identity.priority_class)
         check_model_allowed(identity.key, embeddings_api.MODEL)
         texts = parsed.texts()
@@ -262,6 +269,39 @@ class GatewayApp:
             observed.responded(200)
             await send_json(request.send, 200, answer, [
                 (b"x-request-id", request.scope["hedgerow.request_id"].encode())])
+            return
+        await _end_cut_request(request, in_flight)
+
+    async def _embed_elsewhere(self, request: Request, observed: RequestMetrics,
+                               identity: Identity, policy: Policy,
+                               request_json: dict[str, Any]) -> None:
+        """A model a worker or upstream offers for embeddings (``gateway.embed_route``):
+        the same admission, then forwarded, retried on another if one fails."""
+        requested = str(request_json["model"])
+        model = policy.canonical_model(requested)
+        workers = embed_route.candidates(self.directory.value, model)
+        if not workers:
+            raise ModelNotFound(f"the embedding model {requested!r} does not exist",
+                                param="model")
+        observed.labelled(model, identity.priority_class)
+        check_model_allowed(identity.key, model)
+        refusal = await self.scheduler.charge_request(identity.tenant, policy)
+        if refusal is not None:
+            raise refusal.to_error()
+        request_id = request.scope["hedgerow.request_id"]
+        tries = workers[:1 + policy.retries.before_first_token]
+        with self.drain.track() as in_flight:
+            request.send = in_flight.watch(request.send)
+            answer = await embed_route.forward(
+                self.dispatcher.workers, tries,
+                embed_route.upstream_call(request_id, request_json, model), requested,
+                policy.timeouts.ttft_ms / 1000)
+            observed.served_by(answer.worker_id, False)
+            observed.used(answer.prompt_tokens, 0)
+            observed.responded(200)
+            await send_json(request.send, 200, answer.body, [
+                (b"x-request-id", request_id.encode()),
+                (b"x-hedgerow-worker", answer.worker_id.encode())])
             return
         await _end_cut_request(request, in_flight)
 
@@ -283,16 +323,20 @@ class GatewayApp:
         observed = self.metrics.request(time.monotonic())
         observed.operation = ("chat" if dialect.shape is oa.ChatCompletionRequest
                               else "text_completion")
-        try:
-            if not await self._complete_observed(request, dialect, observed):
-                observed.responded(CLIENT_CLOSED)
-        except BaseException as error:
-            observed.failed(error)
-            raise
-        finally:
-            await self.keys.settle(request.scope["hedgerow.request_id"], observed.usage)
-            observed.finished(time.monotonic())
-            self.access_log.write(observed, request.scope)
+        with tracing.server_span(observed.operation, request.scope["headers"],
+                                 request_attributes(request.scope, observed.operation)) as span:
+            try:
+                if not await self._complete_observed(request, dialect, observed):
+                    observed.responded(CLIENT_CLOSED)
+            except BaseException as error:
+                observed.failed(error)
+                raise
+            finally:
+                await self.keys.settle(request.scope["hedgerow.request_id"], observed.usage)
+                observed.finished(time.monotonic())
+                self.access_log.write(observed, request.scope)
+                if span.is_recording():
+                    describe_request(span, observed)
 
     async def _complete_observed(self, request: Request, dialect: Dialect,
                                  observed: RequestMetrics) -> bool:
@@ -393,12 +437,15 @@ class GatewayApp:
         if not cacheable(asked.tenant, request_json, asked.policy):
             self.metrics.cache_lookup("uncacheable")
             return None
-        hit = await cache.lookup(asked.tenant, asked.model, request_json, headers)
-        if hit is not None:
-            self.metrics.cache_lookup(hit.kind)
-            return hit
-        bypass = bypasses_lookup({"cache-control": request.header("cache-control") or ""})
-        self.metrics.cache_lookup("bypass" if bypass else "miss")
+        with tracing.span("cache lookup") as span:
+            hit = await cache.lookup(asked.tenant, asked.model, request_json, headers)
+            if hit is not None:
+                self.metrics.cache_lookup(hit.kind)
+                span.set_attribute("hedgerow.cache.result", hit.kind)
+                return hit
+            bypass = bypasses_lookup({"cache-control": request.header("cache-control") or ""})
+            self.metrics.cache_lookup("bypass" if bypass else "miss")
+            span.set_attribute("hedgerow.cache.result", "bypass" if bypass else "miss")
         key = cache.keys(asked.tenant, asked.model, request_json).exact
         # A client that asked for a fresh answer never joins someone else's.
         return Caching(key, request_json, headers, share=not bypass)

@@ -28,6 +28,7 @@ import orjson
 
 from gateway.upstream import WorkerClient, WorkerResponse
 from hedgerow.endpoints import BadEndpoint, Endpoint, parse_endpoint
+from hedgerow import tracing
 from hedgerow.errors import UpstreamFailed
 from hedgerow.sse import SseEvent, SseOverflow, SseParser
 from hedgerow.wire import WorkerRecord, WorkerRegistration
@@ -56,6 +57,7 @@ class Attempt:
     first: list[SseEvent] = field(default_factory=list)
     ttft_s: float = 0.0
     first_token_at: float = 0.0  # monotonic: when the first token arrived from the worker
+    span: Any = tracing.NO_SPAN  # the attempt's own (``hedgerow.tracing``), ended with it
 
     @property
     def worker_id(self) -> str:
@@ -66,8 +68,11 @@ class Attempt:
         return self.worker.registration.kind
 
     async def aclose(self) -> None:
-        await self.events.aclose()  # type: ignore[attr-defined]
-        await self.response.aclose()
+        try:
+            await self.events.aclose()  # type: ignore[attr-defined]
+            await self.response.aclose()
+        finally:
+            self.span.end()
 
 
 def upstream_chunk(event: SseEvent) -> dict[str, Any] | None:
@@ -170,7 +175,7 @@ async def upstream_events(worker_id: str, response: WorkerResponse) -> AsyncIter
 
 async def start_attempt(
     workers: WorkerClient, worker: WorkerRecord, call: UpstreamCall, *, hedged: bool,
-    ttft_timeout_s: float,
+    ttft_timeout_s: float, span: Any = tracing.NO_SPAN,
 ) -> Attempt:
     """Open the stream on ``worker`` and wait for its first token, within the TTFT timeout.
 
@@ -178,21 +183,25 @@ async def start_attempt(
     its response only when its first token is ready.
     """
     with anyio.move_on_after(ttft_timeout_s):
-        return await _open_until_first_token(workers, worker, call, hedged, time.monotonic())
+        return await _open_until_first_token(workers, worker, call, hedged, time.monotonic(),
+                                             span)
     raise UpstreamFailed(f"worker {worker.registration.worker_id} sent no token within "
                          f"{ttft_timeout_s:.1f}s", code="ttft_timeout")
 
 
 async def _open_until_first_token(
     workers: WorkerClient, worker: WorkerRecord, call: UpstreamCall, hedged: bool, started: float,
+    span: Any,
 ) -> Attempt:
     worker_id = worker.registration.worker_id
     url = request_url(worker.registration, call.path)
     body, headers = external_request(worker, call)
+    tracing.inject(span, headers)  # the worker's (or upstream's) spans continue this trace
     response = await workers.open_stream(worker_id, url, body, call.request_id, headers,
                                          internal=not worker.registration.external)
     try:
-        attempt = Attempt(worker, hedged, response, upstream_events(worker_id, response))
+        attempt = Attempt(worker, hedged, response, upstream_events(worker_id, response),
+                          span=span)
         async for event in attempt.events:
             attempt.first.append(event)
             if carries_output(upstream_chunk(event)):

@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import anyio
 from anyio.abc import TaskGroup
@@ -32,6 +33,8 @@ from gateway.attempt import Attempt, UpstreamCall, start_attempt
 from gateway.scheduler import Scheduler
 from gateway.tickets import Outcome, Requeued, Ticket
 from gateway.upstream import WorkerClient
+from hedgerow import tracing
+from hedgerow.tracing import AttributeValue
 from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed, UpstreamRejected
 from hedgerow.wire import WorkerRecord
 from policies.schema import Policy
@@ -39,6 +42,7 @@ from policies.schema import Policy
 log = logging.getLogger("hedgerow.gateway.dispatch")
 
 AttemptResult = Attempt | HedgerowError
+AttemptKind = Literal["primary", "hedge", "retry"]
 
 
 @dataclass
@@ -71,7 +75,8 @@ class Dispatcher:
 
     async def assigned_worker(self, ticket: Ticket) -> WorkerRecord:
         try:
-            return await ticket.assignment.wait()
+            with tracing.span("queue wait"):
+                return await ticket.assignment.wait()
         except anyio.get_cancelled_exc_class():
             self.scheduler.withdraw(ticket, self.clock())
             raise
@@ -95,7 +100,7 @@ class Dispatcher:
     async def _run(self, race: _Race, first: WorkerRecord, send: Sender[AttemptResult],
                    receive: Receiver[AttemptResult]) -> None:
         async with anyio.create_task_group() as tg:
-            self._launch(tg, race, first, send, hedged=False)
+            self._launch(tg, race, first, send, kind="primary")
             hedge_at = self._hedge_at(race.ticket, first)
             while race.running:
                 result = await self._next_result(race, receive, hedge_at)
@@ -114,39 +119,50 @@ class Dispatcher:
             tg.cancel_scope.cancel()
 
     def _launch(self, tg: TaskGroup, race: _Race, worker: WorkerRecord,
-                send: Sender[AttemptResult], *, hedged: bool) -> None:
+                send: Sender[AttemptResult], *, kind: AttemptKind) -> None:
         race.running += 1
-        tg.start_soon(self._attempt, race, worker, send.clone(), hedged)
+        tg.start_soon(self._attempt, race, worker, send.clone(), kind)
 
     async def _attempt(self, race: _Race, worker: WorkerRecord,
-                       send: Sender[AttemptResult], hedged: bool) -> None:
+                       send: Sender[AttemptResult], kind: AttemptKind) -> None:
         worker_id = worker.registration.worker_id
         ttft_timeout = self._policy(race.ticket).timeouts.ttft_ms / 1000
         if race.ticket.upstream_at is None:
             race.ticket.upstream_at = time.monotonic()
+        # Hedges and retries are siblings under the request's span; the worker's
+        # own spans hang under this one (its traceparent).
+        span = tracing.start_client_span("attempt", _attempt_attributes(race, worker, kind))
         async with send:
             try:
-                attempt = await start_attempt(self.workers, worker, race.call, hedged=hedged,
-                                              ttft_timeout_s=ttft_timeout)
+                attempt = await start_attempt(self.workers, worker, race.call,
+                                              hedged=kind == "hedge",
+                                              ttft_timeout_s=ttft_timeout, span=span)
             except UpstreamRejected as rejected:  # the client's mistake: not the worker's
                 log.info("request %s: worker %s refused it: %s", race.ticket.request_id,
                          worker_id, rejected.detail)
+                _attempt_ended(span, "rejected", rejected)
                 self.report(worker_id, "abandoned")
                 await send.send(rejected)
                 return
             except UpstreamFailed as failed:  # the detail is for operators only
                 log.warning("request %s: worker %s failed: %s", race.ticket.request_id,
                             worker_id, failed.detail)
+                _attempt_ended(span, "failed", failed)
                 self.report(worker_id, "failure")
                 await send.send(failed)
                 return
             except BaseException:  # cancelled (lost the race, client left), or a bug
+                _attempt_ended(span, "cancelled")
                 self.report(worker_id, "abandoned")
                 raise
+            if span.is_recording():
+                span.add_event("first_token", {"hedgerow.ttft_ms": round(attempt.ttft_s * 1000, 3)},
+                               timestamp=tracing.wall_ns(attempt.first_token_at))
             try:
                 self.scheduler.first_token(race.ticket.model, attempt.pool, attempt.ttft_s)
                 await send.send(attempt)
             except BaseException:  # cancelled just as it got its first token: it lost
+                span.set_attribute("hedgerow.attempt.outcome", "lost")
                 with anyio.CancelScope(shield=True):
                     await attempt.aclose()
                 self.report(worker_id, "abandoned")
@@ -172,7 +188,7 @@ class Dispatcher:
             log.info("request %s: hedging on %s", race.ticket.request_id,
                      worker.registration.worker_id)
             race.tried.append(worker.registration.worker_id)
-            self._launch(tg, race, worker, send, hedged=True)
+            self._launch(tg, race, worker, send, kind="hedge")
 
     async def _retry(self, tg: TaskGroup, race: _Race,
                      send: Sender[AttemptResult]) -> None:
@@ -187,7 +203,7 @@ class Dispatcher:
             log.info("request %s: retrying on %s", race.ticket.request_id,
                      worker.registration.worker_id)
             race.tried.append(worker.registration.worker_id)
-            self._launch(tg, race, worker, send, hedged=False)
+            self._launch(tg, race, worker, send, kind="retry")
 
     def _reroute(self, race: _Race, *, hedge: bool) -> WorkerRecord | Requeued | None:
         # No await between the answer and its use: a slot taken, or a ticket queued,
@@ -206,9 +222,29 @@ class Dispatcher:
     async def _close_losers(self, leftovers: list[AttemptResult]) -> None:
         for result in leftovers:
             if isinstance(result, Attempt):
+                result.span.set_attribute("hedgerow.attempt.outcome", "lost")
                 with anyio.CancelScope(shield=True):
                     await result.aclose()
                 self.report(result.worker_id, "abandoned")
+
+
+def _attempt_attributes(race: _Race, worker: WorkerRecord,
+                        kind: AttemptKind) -> dict[str, AttributeValue] | None:
+    if not tracing.enabled():  # nothing built for a span that is not recorded
+        return None
+    registration = worker.registration
+    return {"hedgerow.worker.id": registration.worker_id, "hedgerow.worker.kind": registration.kind,
+            "hedgerow.attempt.kind": kind, "hedgerow.attempt.index": len(race.tried) - 1,
+            "hedgerow.worker.external": registration.external,
+            tracing.GEN_AI_REQUEST_MODEL: race.call.model}
+
+
+def _attempt_ended(span: Any, outcome: str, error: BaseException | None = None) -> None:
+    """An attempt that ended before its first token: say how, and end its span."""
+    span.set_attribute("hedgerow.attempt.outcome", outcome)
+    if error is not None:
+        tracing.failed(span, error)
+    span.end()
 
 
 def receive_leftovers(receive: Receiver[AttemptResult]) -> list[AttemptResult]:

@@ -28,6 +28,7 @@ from gateway.stream_log import EventKind, StreamLog
 from gateway.scheduling import SchedulerDoor
 from gateway.tickets import Outcome, Ticket
 from hedgerow import openai_api as oa
+from hedgerow import tracing
 from hedgerow.asgi import sse_event
 from hedgerow.errors import UpstreamFailed
 from hedgerow.sse import SseEvent
@@ -59,11 +60,13 @@ class Generation:
         attempt: Attempt | None = None
         admitted = False
         try:
-            decision = await self.scheduler.submit(self.ticket)
-            if isinstance(decision, Refused):
-                self.refused = decision
-                self.stream.refuse(decision.to_error())
-                return outcome
+            with tracing.span("admission") as span:
+                decision = await self.scheduler.submit(self.ticket)
+                if isinstance(decision, Refused):
+                    tracing.failed(span, decision.to_error())
+                    self.refused = decision
+                    self.stream.refuse(decision.to_error())
+                    return outcome
             admitted = True
             try:
                 attempt = await self.dispatcher.first_token(self.ticket, self.call)
@@ -74,8 +77,18 @@ class Generation:
                 if observer is not None:
                     t = self.ticket
                     observer.dispatched(t.arrival, t.assigned_at, t.upstream_at)
+            if tracing.enabled():
+                tracing.current().add_event("first_token", {
+                    "hedgerow.worker.id": attempt.worker_id, "hedgerow.hedged": attempt.hedged},
+                    timestamp=tracing.wall_ns(attempt.first_token_at))
             self.stream.open(attempt.worker_id, attempt.hedged)
-            await self._relay(attempt, outcome)
+            with tracing.span("relay", _worker(attempt)) as span:
+                await self._relay(attempt, outcome)
+                if span.is_recording():
+                    span.set_attributes({tracing.GEN_AI_OUTPUT_TOKENS: outcome.completion_tokens,
+                                         "hedgerow.relay.complete": outcome.complete})
+                    if outcome.failed:
+                        tracing.failed(span, outcome.error_code or "upstream_failed")
             return outcome
         finally:
             with anyio.CancelScope(shield=True):
@@ -115,12 +128,17 @@ class Generation:
             self._append_error(reason, stream.cancel_code, stream.cancel_type)
         stream.finish(time.monotonic())
         if attempt is not None:
-            await attempt.aclose()
             result: Outcome = ("failure" if outcome.failed else
                                "success" if outcome.complete else "abandoned")
+            attempt.span.set_attribute("hedgerow.attempt.outcome", result)
+            await attempt.aclose()  # ends its span
             self.dispatcher.report(attempt.worker_id, result)
         if admitted:
             await self.scheduler.ticket_done(self.ticket, outcome.total_tokens)
+
+
+def _worker(attempt: Attempt) -> dict[str, tracing.AttributeValue] | None:
+    return {"hedgerow.worker.id": attempt.worker_id} if tracing.enabled() else None
 
 
 def classify(event: SseEvent, outcome: RelayOutcome) -> EventKind:

@@ -14,12 +14,14 @@ import os
 import ssl
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
 
+from hedgerow import tracing
 from hedgerow.cli_env import EnvironmentValueError, apply_environment
 from hedgerow.extras import missing_extras
 from hedgerow.logs import LOG_FORMATS, configure_logging
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from gateway.quic_admission import QuicLimits
     from hedgerow.trust.process import InternalTls
     from hedgerow.redis_conn import RedisTls
-    from workers.sim_backend import LatencyModel
+    from workers.sim_backend import LatencyModel, SlowPeriods
 
 DEFAULT_CONTROL_PLANE = "https://127.0.0.1:8500"
 
@@ -557,6 +559,12 @@ def _add_sim_options(wk: argparse.ArgumentParser) -> None:
     group.add_argument("--sim-output-tokens", type=int, default=Sim.output_tokens,
                        help="tokens when a request sets no max_tokens")
     group.add_argument("--sim-seed", type=int, help="seed for reproducible runs")
+    group.add_argument("--sim-embedding-model", metavar="NAME",
+                       help="also serve a simulated embedding model NAME at /v1/embeddings")
+    group.add_argument("--sim-slow-periods", metavar="PROB:SECONDS:FACTOR",
+                       help="correlated stragglers: each SECONDS-long window of wall-clock time "
+                            "is slow (every sleep x FACTOR) with probability PROB, drawn from "
+                            "--sim-seed, so workers given one seed are slow together")
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
@@ -567,6 +575,17 @@ def _labels(pairs: list[str]) -> dict[str, str]:
             raise SystemExit(f"hedgerow: --label wants KEY=VALUE, got {pair!r}")
         labels[key] = value
     return labels
+
+
+@contextmanager
+def traced(service_name: str) -> Iterator[None]:
+    """Tracing for the process, when its environment asks for it (``hedgerow.tracing``);
+    what is batched is flushed as it ends."""
+    tracing.setup(service_name)
+    try:
+        yield
+    finally:
+        tracing.shutdown()
 
 
 def run_until_signalled(body: Callable[[anyio.Event], Awaitable[None]]) -> None:
@@ -715,8 +734,9 @@ def _run_gateway(args: argparse.Namespace) -> int:
         ticket_rotation_s=args.tls_ticket_rotation_s,
         max_buffered_body_bytes=args.max_buffered_body_bytes,
     )
-    return _run_reporting_setup_errors(
-        lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
+    with traced("hedgerow-gateway"):
+        return _run_reporting_setup_errors(
+            lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
 
 
 def _networks(text: str) -> tuple[str, ...]:
@@ -730,6 +750,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     from workers.main import (WorkerOptions, build_llama_backend, build_sim_backend,
                               default_worker_id, run_worker)
 
+    if args.sim_embedding_model and args.backend != "sim":
+        raise SystemExit("hedgerow: --sim-embedding-model is for --backend sim")
     options = WorkerOptions(
         control_plane=args.control_plane, host=args.host, port=args.port,
         advertise_host=args.advertise_host, worker_id=args.worker_id,
@@ -739,6 +761,8 @@ def _run_worker(args: argparse.Namespace) -> int:
         prompt_reuse=args.prompt_reuse, prompt_lookup_tokens=args.prompt_lookup,
         warm_up=args.warm_up,
         sim=_latency_model(args) if args.backend == "sim" else None, sim_seed=args.sim_seed,
+        sim_embedding_model=args.sim_embedding_model if args.backend == "sim" else None,
+        sim_slow_periods=_slow_periods(args) if args.backend == "sim" else None,
     )
     backend = build_sim_backend(options) if args.backend == "sim" else build_llama_backend(options)
     worker_id = options.worker_id or default_worker_id(backend)
@@ -746,7 +770,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     if tls is None:
         return 1
     options = dataclasses.replace(options, worker_id=worker_id, tls=tls)
-    run_until_signalled(lambda shutdown: run_worker(options, backend, shutdown))
+    with traced("hedgerow-worker"):
+        run_until_signalled(lambda shutdown: run_worker(options, backend, shutdown))
     return 0
 
 
@@ -766,7 +791,7 @@ def _internal_tls(args: argparse.Namespace, role: str, name: str, control_plane:
 
 
 def _latency_model(args: argparse.Namespace) -> LatencyModel:
-    from workers.sim_backend import LatencyModel
+    from workers.sim_backend import LatencyModel, SlowPeriods
 
     try:
         return LatencyModel(
@@ -777,6 +802,17 @@ def _latency_model(args: argparse.Namespace) -> LatencyModel:
             mid_stream_failure_probability=args.sim_midstream_fail_prob,
             output_tokens=args.sim_output_tokens,
         )
+    except ValueError as error:
+        raise SystemExit(f"hedgerow: {error}") from error
+
+
+def _slow_periods(args: argparse.Namespace) -> SlowPeriods | None:
+    from workers.sim_backend import SlowPeriods
+
+    if not args.sim_slow_periods:
+        return None
+    try:
+        return SlowPeriods.parse(args.sim_slow_periods, args.sim_seed or 0)
     except ValueError as error:
         raise SystemExit(f"hedgerow: {error}") from error
 

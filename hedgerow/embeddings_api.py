@@ -1,7 +1,9 @@
 """OpenAI's embeddings request and response (``POST /v1/embeddings``; sans-IO).
 
 Served from the embedding model the gateway already runs for its semantic
-cache (all-MiniLM-L6-v2, 384 dimensions, unit-length vectors). Every field
+cache (all-MiniLM-L6-v2, 384 dimensions, unit-length vectors), or forwarded
+to a worker or upstream that offers the requested model (``gateway.embed_route``),
+checked here the same way but for ``dimensions``, which is that model's to judge. Every field
 is checked as ``hedgerow.api_params.EMBEDDINGS_PARAMS`` says: ``input`` as a
 string or a list of strings (token arrays are refused: the ids would be
 another model's), ``encoding_format`` ``float`` or ``base64`` (little-endian
@@ -57,7 +59,9 @@ def parse(data: Mapping[str, Any]) -> EmbeddingsRequest:
         parsed = EmbeddingsRequest.model_validate(given)
     except ValidationError as error:
         raise invalid_value(error) from None
-    if parsed.dimensions is not None and parsed.dimensions != DIMENSIONS:
+    # Another model's dimensions are for the worker or upstream serving it to judge.
+    own = parsed.model in MODEL_ALIASES
+    if own and parsed.dimensions is not None and parsed.dimensions != DIMENSIONS:
         raise unsupported("dimensions", f"{MODEL} has {DIMENSIONS} dimensions only")
     return parsed
 

@@ -44,7 +44,10 @@ class WorkerRegistration(WireModel):
     kind: WorkerKind
     device: str | None = None
     device_memory_bytes: int | None = Field(None, ge=0)  # a GPU worker's GPU memory
-    models: tuple[str, ...] = Field(min_length=1, max_length=64)
+    models: tuple[str, ...] = Field(max_length=64)  # chat/completions models
+    # Models it serves for ``POST /v1/embeddings`` only (listed with ``kind:
+    # "embedding"``, never routed chat). Absent in earlier releases: none.
+    embedding_models: tuple[str, ...] = Field((), max_length=64)
     slots: int = Field(ge=1, le=1024)
     labels: dict[str, str] = Field(default_factory=dict)
     # External upstreams (an OpenAI-compatible server the control plane probes
@@ -55,9 +58,19 @@ class WorkerRegistration(WireModel):
     model_map: dict[str, str] = Field(default_factory=dict)
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+    @model_validator(mode="after")
+    def _serves_something(self) -> WorkerRegistration:
+        _require_a_model(self.models, self.embedding_models)
+        return self
+
     def upstream_model(self, model: str) -> str:
         """The name to send upstream for a model clients call ``model``."""
         return self.model_map.get(model, model)
+
+
+def _require_a_model(models: tuple[str, ...], embedding_models: tuple[str, ...]) -> None:
+    if not models and not embedding_models:
+        raise ValueError("a worker serves at least one model (models or embedding_models)")
 
 
 class AdminOnlyField(ValueError):
@@ -81,7 +94,9 @@ class SelfRegistration(WireModel):
     device: str | None = Field(None, max_length=256)
     device_memory_bytes: int | None = Field(None, ge=0)
     models: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(
-        min_length=1, max_length=64)
+        max_length=64)
+    embedding_models: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(
+        (), max_length=64)
     slots: int = Field(ge=1, le=1024)
     labels: dict[Annotated[str, Field(min_length=1, max_length=64)],
                  Annotated[str, Field(max_length=256)]] = Field(default_factory=dict,
@@ -98,6 +113,11 @@ class SelfRegistration(WireModel):
             if name in data and data[name] != default:
                 raise AdminOnlyField(name)
         return {k: v for k, v in data.items() if k not in ADMIN_ONLY_FIELDS}
+
+    @model_validator(mode="after")
+    def _serves_something(self) -> SelfRegistration:
+        _require_a_model(self.models, self.embedding_models)
+        return self
 
     def record(self) -> WorkerRegistration:
         """The registry's record of this worker: never an external upstream."""
@@ -131,6 +151,12 @@ class RegistrySnapshot(WireModel):
 
     def models(self) -> tuple[str, ...]:
         return tuple(sorted({m for w in self.workers for m in w.registration.models}))
+
+    def embedding_models(self) -> tuple[str, ...]:
+        return tuple(sorted({m for w in self.workers for m in w.registration.embedding_models}))
+
+    def serving_embeddings(self, model: str) -> tuple[WorkerRecord, ...]:
+        return tuple(w for w in self.workers if model in w.registration.embedding_models)
 
 
 class PolicyVersionInfo(WireModel):

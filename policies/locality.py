@@ -26,6 +26,10 @@ so ``LocalityRouter.plan`` re-orders the scored ranking
 
 Workers without a ``pop`` label are local to every gateway. With no gateway
 PoP, or ``topology.routing: blind``, the ranking passes through unchanged.
+``topology.routing: local_only`` keeps every request (and hedge) in the
+gateway's own PoP and never spills, even when the local pool is dead: each
+PoP as a cluster of its own, the baseline multi-PoP routing is measured
+against.
 Waits are predicted like admission's (``policies.admission.WaitPredictor``):
 requests beyond the free slots, spread over the slots, times the mean service
 time.
@@ -97,6 +101,7 @@ class LocalityRouter:
     def __init__(self, topology: Topology, local_pop: str | None) -> None:
         self.local_pop = local_pop
         self.enabled = local_pop is not None and topology.routing == "local_first"
+        self.local_only = local_pop is not None and topology.routing == "local_only"
         self.default_rtt_s = topology.default_rtt_ms / 1000
         self.spill_margin_s = topology.spill_margin_ms / 1000
         self.min_hedge_budget = topology.cross_pop_hedge_min_budget
@@ -127,6 +132,8 @@ class LocalityRouter:
 
         ``everyone`` is every usable worker for the model, full or not: the
         local pool's load is read from it."""
+        if self.local_only:
+            return [c for c in ranked if self.is_local(c)]
         if not self.enabled:
             return list(ranked)
         ordered = sorted(ranked, key=lambda c: self._order_key(c, ctx))

@@ -415,7 +415,9 @@ class Upstream(_Strict):
 
     name: Name  # its worker id in the registry
     url: Annotated[str, AfterValidator(_http_url)]  # base URL; /v1/... is appended
-    models: tuple[Name, ...] = Field(min_length=1, max_length=64)  # as clients name them
+    models: tuple[Name, ...] = Field((), max_length=64)  # as clients name them
+    # Models it serves for POST /v1/embeddings (as clients name them); not chat.
+    embedding_models: tuple[Name, ...] = Field((), max_length=64)
     # Client name → the upstream's own name, where they differ.
     model_map: dict[Name, Name] = Field(default_factory=dict)
     slots: int = Field(1, ge=1, le=1024)
@@ -430,8 +432,12 @@ class Upstream(_Strict):
     @model_validator(mode="after")
     def _mapped_models_are_served(self) -> Upstream:
         _raise_violations([
-            (("model_map", name), f"model_map renames {name!r}, which is not in models")
-            for name in self.model_map if name not in self.models])
+            (("model_map", name), f"model_map renames {name!r}, which is not in models "
+             "or embedding_models")
+            for name in self.model_map
+            if name not in self.models and name not in self.embedding_models]
+            + [(("models",), "an upstream serves at least one model (models or "
+                "embedding_models)")] * (not self.models and not self.embedding_models))
         return self
 
 
@@ -454,8 +460,9 @@ class Topology(_Strict):
     """
 
     # local_first: prefer the gateway's own PoP (see policies/locality.py);
-    # blind: ignore PoPs (the old behaviour, kept for comparison).
-    routing: Literal["local_first", "blind"] = "local_first"
+    # blind: ignore PoPs (the old behaviour, kept for comparison);
+    # local_only: never leave the gateway's PoP (each PoP on its own, for comparison).
+    routing: Literal["local_first", "blind", "local_only"] = "local_first"
     pops: tuple[Pop, ...] = ()
     # Round-trip times between PoPs, either direction: {ams: {fra: 12}}.
     rtt_ms: dict[Name, dict[Name, float]] = Field(default_factory=dict)

@@ -27,6 +27,7 @@ import anyio
 import orjson
 
 from hedgerow import openai_api as oa
+from hedgerow import tracing
 from hedgerow.asgi import (
     SSE_DONE,
     SSE_HEADERS,
@@ -56,6 +57,7 @@ from workers.backend import (
     TokenChunk,
     ToolCallDelta,
 )
+from workers.sim_embeddings import SimEmbedder
 from workers.tool_calls import ToolSpec
 from workers.metrics import GenerationTiming, WorkerMetrics
 
@@ -75,6 +77,8 @@ class WorkerState:
 class WorkerApp:
     backend: Backend
     state: WorkerState
+    # ``POST /v1/embeddings``: the simulated embedding model, when one is served.
+    embedder: SimEmbedder | None = None
     router: Router = field(init=False)
     metrics: WorkerMetrics = field(init=False)
 
@@ -88,6 +92,7 @@ class WorkerApp:
         self.router.add("GET", "/v1/models", self.models)
         self.router.add("POST", "/v1/chat/completions", self.chat)
         self.router.add("POST", "/v1/completions", self.completions)
+        self.router.add("POST", "/v1/embeddings", self.embeddings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Logs while serving carry the id the gateway sent (when it looks like one).
@@ -129,7 +134,16 @@ class WorkerApp:
             {"id": name, "object": "model", "created": 0, "owned_by": "hedgerow"}
             for name in self.backend.models
         ]
+        if self.embedder is not None:
+            data.append({"id": self.embedder.model_name, "object": "model", "created": 0,
+                         "owned_by": "hedgerow", "kind": "embedding"})
         await send_json(request.send, 200, {"object": "list", "data": data})
+
+    async def embeddings(self, request: Request) -> None:
+        if self.embedder is None:
+            raise ModelNotFound("this worker serves no embedding model", param="model")
+        answer = self.embedder.answer(oa.decode_request(await request.body(MAX_BODY)))
+        await send_json(request.send, 200, answer)
 
     async def chat(self, request: Request) -> None:
         parsed = oa.parse_request(await request.body(MAX_BODY), oa.ChatCompletionRequest)
@@ -158,16 +172,23 @@ class WorkerApp:
                                  parsed.include_usage(), timing)
         events = self._choices(generation, parsed.n)
         headers = [(b"x-request-id", request_id.encode())]
-        try:
-            if parsed.stream:
-                await _stream_sse(request, stream, events, list(SSE_HEADERS) + headers)
-            else:
-                await send_json(request.send, 200, await stream.whole(events), headers)
-        except Exception:
-            timing.failed = True
-            raise
-        finally:
-            self.metrics.generation_done(parsed.model, timing)
+        # The gateway's attempt span is the parent (its traceparent): prefill and
+        # decode show where a slow first token or a slow stream came from.
+        with tracing.server_span("chat" if chat else "text_completion",
+                                 request.scope["headers"],
+                                 _span_attributes(request_id, parsed.model, chat)) as span:
+            try:
+                if parsed.stream:
+                    await _stream_sse(request, stream, events, list(SSE_HEADERS) + headers)
+                else:
+                    await send_json(request.send, 200, await stream.whole(events), headers)
+            except Exception:
+                timing.failed = True
+                raise
+            finally:
+                self.metrics.generation_done(parsed.model, timing)
+                if span.is_recording():
+                    _record_phases(span, timing, time.monotonic())
 
 
     def _choices(self, generation: GenerationRequest, n: int) -> GenerationStream:
@@ -223,6 +244,32 @@ async def _first_event_unless_disconnected(
     if isinstance(first, HedgerowError):
         raise first
     return first
+
+
+def _span_attributes(request_id: str, model: str,
+                     chat: bool) -> dict[str, tracing.AttributeValue] | None:
+    if not tracing.enabled():
+        return None
+    return {tracing.GEN_AI_OPERATION: "chat" if chat else "text_completion",
+            tracing.GEN_AI_REQUEST_MODEL: model, "hedgerow.request_id": request_id}
+
+
+def _record_phases(span: Any, timing: GenerationTiming, now: float) -> None:
+    """Prefill (to the first token) and decode (from it to the last) as child spans,
+    from the times the generation already took for its metrics."""
+    first = timing.first_token_at or timing.first_at
+    span.set_attributes({"hedgerow.generation.outcome": timing.outcome,
+                         "hedgerow.generation.token_chunks": timing.token_chunks})
+    if timing.finish_reason:
+        span.set_attribute(tracing.GEN_AI_FINISH_REASONS, (timing.finish_reason,))
+    if timing.failed:
+        tracing.failed(span, "generation_failed")
+    if first is None:
+        tracing.record_span("prefill", timing.started, now, {"hedgerow.completed": False})
+        return
+    tracing.record_span("prefill", timing.started, first)
+    tracing.record_span("decode", first, timing.last_token_at or now,
+                        {"hedgerow.generation.token_chunks": timing.token_chunks})
 
 
 def _request_id_header(scope: Scope) -> str | None:

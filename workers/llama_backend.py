@@ -26,7 +26,10 @@ lands in the slot that served the previous one: a free slot is picked by the
 longest shared prefix of text when that covers most of the prompt, else an
 empty slot, else the least recently used (``workers.backend.slot_preference``). Each generation reports its reused tokens (``BackendLoad``'s
 ``prompt_cache_*`` and ``prompt_tokens_reused_total``). ``prompt_reuse=False``
-clears the slot before every generation (for comparison benchmarks).
+clears the slot before every generation, and ``slot_affinity=False`` hands
+out free slots in turn without looking at what they hold, leaving only
+llama-cpp-python's own reuse of whatever prefix its context happens to
+share with the prompt: its default behaviour (both for comparison benchmarks).
 
 **Prompt-lookup decoding.** With ``prompt_lookup_tokens=N`` every slot gets
 llama-cpp-python's ``LlamaPromptLookupDecoding`` as its draft model: up to N
@@ -227,6 +230,7 @@ class LlamaBackend:
         clock: Callable[[], float] = time.monotonic,
         prompt_reuse: bool = True,
         prompt_lookup_tokens: int = 0,
+        slot_affinity: bool = True,
     ) -> None:
         if slots < 1:
             raise ValueError("a backend needs at least one slot")
@@ -239,6 +243,7 @@ class LlamaBackend:
         self.device, self.device_memory_bytes = placed.name, placed.memory_bytes
         self.n_ctx = n_ctx
         self.prompt_reuse = prompt_reuse
+        self.slot_affinity = slot_affinity
         self.prompt_lookup_tokens = prompt_lookup_tokens
         threads = n_threads or default_threads_per_slot(slots)
         self._llamas = [_load_llama(model_path, n_ctx, n_gpu_layers, threads, prompt_lookup_tokens)
@@ -264,7 +269,7 @@ class LlamaBackend:
         # is taken ("auto" then uses it only with response_format: llama_chat).
         grammar = grammar_for(request.tools, request.tool_mode, request.response_schema)
         return LlamaGeneration(request, self._pool, self.n_ctx, self._counters, self.prompt_reuse,
-                               grammar)
+                               grammar, self.slot_affinity)
 
     def load(self) -> BackendLoad:
         return self._counters.load(self.slots, self._pool)
@@ -299,6 +304,7 @@ class LlamaGeneration(GenerationStreamBase):
         counters: GenerationCounters,
         prompt_reuse: bool = True,
         grammar: str | None = None,
+        slot_affinity: bool = True,
     ) -> None:
         self._request = request
         self._grammar = grammar
@@ -310,6 +316,7 @@ class LlamaGeneration(GenerationStreamBase):
         self._n_ctx = n_ctx
         self._counters = counters
         self._prompt_reuse = prompt_reuse
+        self._slot_affinity = slot_affinity and prompt_reuse
         self._prompt_text = prompt_text(request)
         self._answer: list[str] = []
         self._llama: _MeteredLlama | None = None
@@ -390,7 +397,7 @@ class LlamaGeneration(GenerationStreamBase):
 
     async def _take_slot(self) -> None:
         affinity = (lambda slot: slot_preference(slot.cached_text, self._prompt_text)
-                    ) if self._prompt_reuse else None
+                    ) if self._slot_affinity else None
         with self._slot_wait:  # cancelled by aclose() from another task
             llama = await self._pool.acquire(affinity)
             llama.tally = self._tally

@@ -31,7 +31,8 @@ from hedgerow.wire import SelfRegistration, WorkerLoad
 from workers.app import WorkerApp, WorkerState
 from workers.backend import Backend
 from workers.heartbeat import DeregisterNow, HeartbeatActor
-from workers.sim_backend import LatencyModel, SimBackend
+from workers.sim_embeddings import SimEmbedder
+from workers.sim_backend import LatencyModel, SimBackend, SlowPeriods
 
 log = logging.getLogger("hedgerow.worker")
 
@@ -52,6 +53,8 @@ class WorkerOptions:
     drain_timeout_s: float = 30.0
     sim: LatencyModel | None = None  # set for `--backend sim`
     sim_seed: int | None = None
+    sim_embedding_model: str | None = None  # also serve this simulated embedding model
+    sim_slow_periods: SlowPeriods | None = None  # correlated stragglers (`--sim-slow-periods`)
     quant: str | None = None  # serve the bundled model in this quantization (workers.models)
     tier: str | None = None  # advertised as labels["tier"]; the policy maps classes to tiers
     prompt_reuse: bool = True
@@ -77,8 +80,10 @@ def build_sim_backend(options: WorkerOptions) -> Backend:
     name = options.model_name or DEFAULT_MODEL_NAME
     latency = options.sim or LatencyModel()
     slots = options.slots or 1
-    log.info("simulating %s with %d slot(s): %s", name, slots, latency)
-    return SimBackend(name, slots, latency, options.sim_seed)
+    log.info("simulating %s with %d slot(s): %s %s", name, slots, latency,
+             options.sim_slow_periods or "")
+    return SimBackend(name, slots, latency, options.sim_seed,
+                      slow_periods=options.sim_slow_periods)
 
 
 def build_llama_backend(options: WorkerOptions) -> Backend:
@@ -137,7 +142,9 @@ async def run_worker(
     worker_id = options.worker_id or default_worker_id(backend)
     state = WorkerState(worker_id=worker_id, ready=False)
     tls = options.tls or InternalTls(None, options.control_plane)
-    app = WorkerApp(backend, state)
+    embedder = (SimEmbedder(options.sim_embedding_model, options.sim_seed)
+                if options.sim_embedding_model else None)
+    app = WorkerApp(backend, state, embedder)
     # Only gateways (and operators) may call a worker: it holds every tenant's prompts.
     revocations = Revocations(tls.contexts.credentials.directory / "revoked.json"
                               if tls.contexts is not None and tls.contexts.credentials.managed
@@ -160,6 +167,7 @@ async def run_worker(
             device=backend.device,
             device_memory_bytes=backend.device_memory_bytes,
             models=backend.models,
+            embedding_models=(embedder.model_name,) if embedder else (),
             slots=backend.slots,
             labels=options.advertised_labels(),
         )

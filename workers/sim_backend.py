@@ -15,7 +15,14 @@ Timing of one generation, once it holds a slot::
 Every sleep is multiplied by a jitter factor drawn uniformly from
 ``[1 - jitter, 1 + jitter]`` (mean 1, bounded), and a straggler request (drawn
 with ``straggler_probability``) has all of its sleeps multiplied by
-``straggler_factor``. Prompt tokens are estimated as ``len(text) // 4`` (at
+``straggler_factor``. Stragglers drawn that way are independent of each
+other; ``SlowPeriods`` makes them correlated instead: wall-clock time is cut
+into windows of ``seconds``, each slow with ``probability`` (a seeded hash of
+the window's index, so every process given the same seed agrees on which
+windows are slow whenever it started), and a generation created inside a
+slow window has its sleeps multiplied by ``factor`` — a worker slow for
+seconds at a time, as one with a noisy neighbour, a GC pause or a throttled
+GPU is. Prompt tokens are estimated as ``len(text) // 4`` (at
 least 1); a request without ``max_tokens`` produces ``output_tokens`` tokens
 and finishes with ``"stop"``, one with ``max_tokens`` produces exactly that
 many and finishes with ``"length"``. Stop sequences are ignored.
@@ -40,6 +47,8 @@ run in virtual time.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -104,6 +113,45 @@ class LatencyModel:
 
 
 @dataclass(frozen=True)
+class SlowPeriods:
+    """Correlated stragglers: windows of wall-clock time in which a worker is slow."""
+
+    probability: float  # of each window being slow
+    seconds: float  # window length
+    factor: float  # how much slower every sleep is inside a slow window
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.probability <= 1:
+            raise ValueError("slow-period probability must be in [0, 1]")
+        if self.seconds <= 0:
+            raise ValueError("slow-period length must be > 0 s")
+        if self.factor < 1:
+            raise ValueError("slow-period factor must be >= 1")
+
+    @classmethod
+    def parse(cls, spec: str, seed: int = 0) -> SlowPeriods:
+        """``PROBABILITY:SECONDS:FACTOR``, e.g. ``0.1:2:10``."""
+        parts = spec.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"slow periods want PROBABILITY:SECONDS:FACTOR, got {spec!r}")
+        try:
+            probability, seconds, factor = (float(part) for part in parts)
+        except ValueError as error:
+            raise ValueError(f"slow periods want three numbers, got {spec!r}") from error
+        return cls(probability, seconds, factor, seed)
+
+    def slow(self, now: float) -> bool:
+        """Whether wall-clock time ``now`` falls in a slow window."""
+        window = int(now // self.seconds)
+        digest = hashlib.blake2b(f"{self.seed}:{window}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64 < self.probability
+
+    def factor_at(self, now: float) -> float:
+        return self.factor if self.slow(now) else 1.0
+
+
+@dataclass(frozen=True)
 class SimulatedFate:
     """What will happen to one generation, decided when it is created."""
 
@@ -157,6 +205,8 @@ class SimBackend:
         *,
         sleep: Sleep = anyio.sleep,
         clock: Clock = time.monotonic,
+        slow_periods: SlowPeriods | None = None,
+        wall_clock: Clock = time.time,
     ) -> None:
         if slots < 1:
             raise ValueError("a backend needs at least one slot")
@@ -167,6 +217,9 @@ class SimBackend:
         self._sleep = sleep
         self._counters = GenerationCounters(clock)
         self._pool: SlotPool[int] = SlotPool(range(slots))
+        # Wall-clock, not monotonic: processes given one seed share slow windows.
+        self.slow_periods = slow_periods
+        self._wall_clock = wall_clock
 
     def generate(self, request: GenerationRequest) -> SimGeneration:
         # Simulated text cannot honour these; a 400 beats an answer that ignores them.
@@ -177,6 +230,10 @@ class SimBackend:
                                      param=param, code="unsupported_parameter")
         rng = random.Random(self._rng.getrandbits(64))
         fate = draw_fate(request, self.latency, rng)
+        if self.slow_periods is not None:
+            slow = self.slow_periods.factor_at(self._wall_clock())
+            if slow > fate.slowdown:
+                fate = dataclasses.replace(fate, slowdown=slow)
         return SimGeneration(fate, self.latency, rng, self._pool, self._sleep,
                              self._counters.record_tokens, self._counters.record_end)
 

@@ -8,15 +8,21 @@ control plane reaches it across the WAN. Between the PoPs the relay
 connection. Each PoP's clients run in a namespace of their own and reach only
 their PoP's gateway, with open-loop Poisson load from ``bench.loadgen``.
 
-Three phases on the one stack, the same load each time:
+Phases on the one stack, the same load each time:
 
 ``local_first``  the policy's ``topology.routing: local_first``
+``local_only``   ``routing: local_only``: every PoP serves only its own
+                 clients, never spilling: the baseline a user would otherwise
+                 run (one independent cluster per PoP)
 ``blind``        ``routing: blind``: any PoP's worker, by score alone
-                 (the two alternate in short rounds, each applied live
-                 through the control plane, so a noisy machine hits both alike)
+                 (the three rotate in short rounds, each applied live
+                 through the control plane, so a noisy machine hits all alike)
 ``pop_failure``  local-first again; a third of the way in, every worker of
                  the second PoP is killed (SIGKILL): its gateway must spill
                  everything to the first PoP
+``pop_failure_local_only``  then, the second PoP's workers still dead, the
+                 same load under ``local_only``: what that PoP's clients get
+                 without spilling (the failure phase's baseline)
 
 TTFT is measured by the clients from the intended send time, so it includes
 the WAN round trip whenever a request was served in the other PoP.
@@ -314,48 +320,67 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+ROUTINGS = ("local_first", "local_only", "blind")
+
+
 def pops(quick: bool, workdir: Path) -> dict[str, Any]:
-    # Local-first and blind alternate in short rounds, in ABBA order so neither
-    # always goes first, and the noise of a shared machine lands on both alike;
-    # the failure phase runs last.
-    rounds, round_s, failure_s = (4, 8.0, 30.0) if quick else (8, 15.0, 60.0)
+    # The routings rotate in short rounds, each round starting with another, so
+    # the noise of a shared machine lands on all alike; the failure phases run last.
+    rounds, round_s, failure_s = (3, 8.0, 30.0) if quick else (6, 15.0, 60.0)
     setup = PopsSetup()
     stack = PopsStack(setup, workdir / "pops")
     started = time.monotonic()
-    phases: dict[str, list[dict[str, Any]]] = {"local_first": [], "blind": []}
-    per_round: dict[str, list[float | None]] = {"local_first": [], "blind": []}
+    load_before = round(os.getloadavg()[0], 2)
+    phases: dict[str, list[dict[str, Any]]] = {name: [] for name in ROUTINGS}
+    per_round: dict[str, list[float | None]] = {name: [] for name in ROUTINGS}
+    victim = setup.pops[-1][0]
     try:
         stack.start()
         stack.drive(5.0, seed=1)  # warm-up: connections, service-time estimates
         for n in range(rounds):
-            for routing in ("local_first", "blind") if n % 2 == 0 else ("blind", "local_first"):
+            for routing in ROUTINGS[n % 3:] + ROUTINGS[:n % 3]:
                 stack.apply_routing(routing)
                 records = stack.drive(round_s, seed=11 + n)
                 phases[routing] += records
                 per_round[routing].append(summarize(records)["ttft_p50_ms"])
         stack.apply_routing("local_first")
-        victim = setup.pops[-1][0]
         phases["pop_failure"] = stack.drive(failure_s, seed=23, after_s=failure_s / 3,
                                             during=lambda: stack.kill_workers(victim))
+        stack.apply_routing("local_only")
+        phases["pop_failure_local_only"] = stack.drive(failure_s * 2 / 3, seed=29)
     finally:
         stack.stop()
     for name, records in phases.items():
         (stack.root / f"records-{name}.json").write_text(json.dumps(records))
     failure = phases["pop_failure"]
+    # After the kill only: what the victim PoP's clients got once its workers were gone.
+    after_kill = [r for r in failure if r.get("intended_s", 0.0) >= failure_s / 3]
+    baseline_failure = phases["pop_failure_local_only"]
     return {
+        "baseline": "local_only",
+        "baselines": {"local_only": "each PoP serves only its own clients (independent "
+                                    "clusters: what a user would otherwise run)",
+                      "blind": "any PoP's worker by score alone (locality ignored)"},
         "pops": [name for name, _ in setup.pops],
         "link": {"rtt_ms": setup.link.rtt_ms, "jitter_ms": setup.link.jitter_ms,
                  "loss": setup.link.loss},
         "offered_rps_per_pop": setup.rate_per_pop,
-        "rounds": f"{rounds} x {round_s:g}s each, alternating",
+        "rounds": f"{rounds} x {round_s:g}s each per routing, rotating",
         "workers_per_pop": f"{WORKERS_PER_POP} x {setup.slots} slots",
         "wall_s": round(time.monotonic() - started, 1),
-        "local_first": {**summarize(phases["local_first"]),
-                        "ttft_p50_ms_by_round": per_round["local_first"]},
-        "blind": {**summarize(phases["blind"]), "ttft_p50_ms_by_round": per_round["blind"]},
+        "load_avg_1m_before": load_before,
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
+        **{routing: {**summarize(phases[routing]), "ttft_p50_ms_by_round": per_round[routing]}
+           for routing in ROUTINGS},
         "pop_failure": {**summarize(failure), "duration_s": failure_s,
                         "killed": f"every worker of {victim} at {failure_s / 3:g}s",
-                        victim: summarize([r for r in failure if r["tag"] == victim])},
+                        victim: summarize([r for r in failure if r["tag"] == victim]),
+                        f"{victim}_after_kill": summarize(
+                            [r for r in after_kill if r["tag"] == victim])},
+        "pop_failure_local_only": {
+            **summarize(baseline_failure), "duration_s": failure_s * 2 / 3,
+            "state": f"{victim}'s workers dead throughout, routing local_only",
+            victim: summarize([r for r in baseline_failure if r["tag"] == victim])},
     }
 
 

@@ -1,4 +1,4 @@
-"""The throughput scenario, tiny: cache hits through Hedgerow next to bare Hypercorn, for real."""
+"""The throughput scenario, tiny: cache hits through Hedgerow next to bare Hypercorn and Hypercorn with Hedgerow's transport, for real."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_tiny_throughput_run_counts_only_exact_cache_hits(tmp_path: Path) -> Non
     primed = out["primed"]
     assert (primed["json_first"], primed["json_again"], primed["stream_again"]) == (
         "miss", "exact", "exact")
-    for target in ("bare_hypercorn", "hedgerow", "hedgerow_stream"):
+    for target in ("bare_hypercorn", "hypercorn_transport", "hedgerow", "hedgerow_stream"):
         assert out[target]["succeeded"] == 300 and out[target]["failed"] == 0, out[target]
         assert out[target]["protocol"] == "h2"  # HTTP/2 over TLS (ALPN) to both servers
         assert len(out[target]["rps_by_round"]) == 2
@@ -42,4 +42,7 @@ def test_tiny_throughput_run_counts_only_exact_cache_hits(tmp_path: Path) -> Non
     assert out["hedgerow"]["exact_hits"] == 300 and out["hedgerow_stream"]["exact_hits"] == 300
     assert out["hedgerow_rps"] > 0 and out["bare_hypercorn_rps"] > 0
     assert out["ratio"] == round(out["hedgerow_rps"] / out["bare_hypercorn_rps"], 3)
+    assert out["ratio_vs_transport"] == round(
+        out["hedgerow_rps"] / out["hypercorn_transport_rps"], 3)
+    assert out["baseline"] == "bare_hypercorn" and "hypercorn_transport" in out["baselines"]
     assert 10 < out["hedgerow_rss_mb"] < 300  # no embedding model loaded

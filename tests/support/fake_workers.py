@@ -53,6 +53,7 @@ class WorkerCall:
     arrived: float  # anyio.current_time()
     completed: bool = False  # the worker sent its whole stream
     hung_up: bool = False  # the gateway closed before the worker had finished
+    headers: dict[str, str] = field(default_factory=dict)  # as the gateway sent them
 
 
 def url_of(worker_id: str) -> str:
@@ -119,7 +120,8 @@ class FakeWorkers:
     async def handle(self, request: WorkerRequest) -> MockReply:
         worker_id = request.host.split(".")[0]
         body = orjson.loads(request.body)
-        call = WorkerCall(worker_id, request.headers["x-request-id"], body, anyio.current_time())
+        call = WorkerCall(worker_id, request.headers["x-request-id"], body, anyio.current_time(),
+                          headers=dict(request.headers))
         self.calls.append(call)
         behaviour = self.behaviours[worker_id]
         if behaviour.refuse_connection:

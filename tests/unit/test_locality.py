@@ -70,6 +70,19 @@ def test_blind_mode_or_no_gateway_pop_keeps_the_scored_order() -> None:
     assert LocalityRouter(TOPOLOGY, None).plan(ranked, everyone, RouteContext({})) == ranked
 
 
+def test_local_only_never_leaves_the_pop_even_when_the_local_pool_is_dead() -> None:
+    only = LocalityRouter(TOPOLOGY.model_copy(update={"routing": "local_only"}), "ams")
+    everyone = [worker("fra-1", "fra", speed=100), worker("ams-1", "ams", speed=10),
+                worker("anywhere", None)]
+    ranked = score_workers(everyone, RouteRequest(50), {})
+    assert sorted(ids(only.plan(ranked, everyone, RouteContext({})))) == ["ams-1", "anywhere"]
+    dead = RouteContext({}, suspect={"ams-1"}, may_hold=True)
+    remote = [c for c in ranked if c.pop == "fra"]
+    assert only.plan(remote, everyone, dead) == []  # waits (or times out) at home
+    hedge = RouteContext({}, hedge=HedgeRoom(budget_level=10, time_left_s=10, predicted_ttft_s=0))
+    assert sorted(ids(only.plan(ranked, everyone, hedge))) == ["ams-1", "anywhere"]
+
+
 def busy_local_and_free_remote(remote_pop: str) -> tuple[list[Candidate], list[Candidate]]:
     everyone = [worker("ams-1", "ams", slots=1), worker(f"{remote_pop}-1", remote_pop, slots=1)]
     inflight = {"ams-1": 1}

@@ -17,6 +17,7 @@ from workers.sim_backend import (
     SimBackend,
     SimulatedFailure,
     SimulatedStreamBreak,
+    SlowPeriods,
     draw_fate,
     estimate_prompt_tokens,
 )
@@ -87,6 +88,36 @@ async def test_a_straggler_is_slowed_in_prefill_and_decode() -> None:
                            straggler_probability=1.0, straggler_factor=10.0)
     await drain(backend(latency, vt).generate(chat(max_tokens=3)))
     assert vt.sleeps == pytest.approx([2.0, 0.1, 0.1])
+
+
+@pytest.mark.anyio
+async def test_a_generation_created_in_a_slow_window_is_slowed_and_one_outside_is_not() -> None:
+    periods = SlowPeriods(probability=0.3, seconds=2.0, factor=10.0, seed=5)
+    slow_at = next(2.0 * w for w in range(1000) if periods.slow(2.0 * w))
+    fast_at = next(2.0 * w for w in range(1000) if not periods.slow(2.0 * w))
+    latency = LatencyModel(prefill_ms_per_token=2.0, decode_ms_per_token=10.0)
+    for wall, expected in ((slow_at + 1.9, [2.0, 0.1, 0.1]), (fast_at, [0.2, 0.01, 0.01])):
+        vt = VirtualTime()
+        sim = SimBackend("sim-model", 1, latency, 7, sleep=vt.sleep, clock=vt.clock,
+                         slow_periods=periods, wall_clock=lambda: wall)
+        await drain(sim.generate(chat(max_tokens=3)))
+        assert vt.sleeps == pytest.approx(expected)
+
+
+def test_slow_windows_follow_the_seed_and_cover_about_their_probability() -> None:
+    one, again, other = (SlowPeriods(0.1, 2.0, 10.0, seed) for seed in (3, 3, 4))
+    windows = [2.0 * w + 0.5 for w in range(20_000)]
+    marks = [one.slow(t) for t in windows]
+    assert marks == [again.slow(t) for t in windows]  # another process, same seed: same windows
+    assert marks != [other.slow(t) for t in windows]
+    assert 0.09 < sum(marks) / len(marks) < 0.11
+    assert all(one.slow(t) == one.slow(t + 1.4) for t in windows[:500])  # whole windows
+
+
+@pytest.mark.parametrize("spec", ["0.1:2", "x:2:10", "1.5:2:10", "0.1:0:10", "0.1:2:0.5"])
+def test_slow_periods_refuse_nonsense(spec: str) -> None:
+    with pytest.raises(ValueError):
+        SlowPeriods.parse(spec)
 
 
 @pytest.mark.anyio

@@ -37,7 +37,7 @@ def upstream(name: str = "llama", **changes: object) -> Upstream:
     ("{name: a, url: 'http://h:8080/?x=1', models: [m]}", "'http",
      "upstreams[0].url: must not have a query or a fragment"),
     ("{name: a, url: 'http://h', models: []}", "[]",
-     "upstreams[0].models: Tuple should have at least 1 item"),
+     "upstreams[0].models: an upstream serves at least one model (models or embedding_models)"),
     ("{name: a, url: 'http://h', models: [m], api_key_env: 'sk-live-123'}", "'sk-",
      "upstreams[0].api_key_env: must be the NAME of an environment variable"),
     ("{name: a, url: 'http://h', models: [m], health_path: health}", "health}",
