@@ -135,7 +135,7 @@ def serve_with_transport(port: int, certfile: Path, keyfile: Path) -> None:
     gateway configures it (TCP only: h2load does not speak HTTP/3)."""
     import anyio
 
-    from gateway.connection_cap import ConnectionCap
+    from hedgerow.connection_cap import ConnectionCap
     from gateway.transport import build_config, serve
 
     config = build_config(port=port, certfile=certfile, keyfile=keyfile, http3=False)
