@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import orjson
@@ -21,6 +21,7 @@ from gateway.scheduling import SchedulerDoor
 from gateway.tickets import QUEUED, Queued, Ticket
 from hedgerow.asgi import Message
 from hedgerow.sse import SseEvent
+from hedgerow.tracing import NO_SPAN
 
 
 @pytest.mark.anyio
@@ -123,6 +124,7 @@ class _Attempt:
     worker_id: str = "w1"
     hedged: bool = False
     first_token_at: float = 0.0
+    span: Any = NO_SPAN  # as ``gateway.attempt.Attempt``: tracing off
     first: list[SseEvent] = field(default_factory=lambda: [SseEvent(
         data=TOKEN, raw=b"data: " + TOKEN.encode() + b"\n\n")])
 
