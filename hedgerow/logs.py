@@ -75,3 +75,7 @@ def configure_logging(level: str = "info", log_format: LogFormat = "text") -> No
     # hypercorn's per-connection chatter is noise at info level.
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # faiss tries its CPU builds in turn at import and logs each one this CPU
+    # lacks (a traceback line apiece) at info: a newcomer's first screen of
+    # `make run` read like errors.
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import anyio
@@ -104,3 +106,14 @@ def test_log_format_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> Non
         build_parser().parse_args(["--log-format", "xml", "control-plane"])
     with pytest.raises(ValueError):
         configure_logging("info", "xml")  # type: ignore[arg-type]
+
+
+def test_importing_faiss_writes_nothing_at_info() -> None:
+    """faiss logs every CPU build it cannot load at info; after our logging setup
+    the first screen of ``make run`` shows none of it."""
+    code = ("from hedgerow.logs import configure_logging; configure_logging('info'); "
+            "import faiss; import logging; logging.getLogger('hedgerow').info('ready')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "faiss.loader" not in done.stderr
+    assert "ready" in done.stderr  # our own info lines still show
