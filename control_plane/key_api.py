@@ -23,6 +23,7 @@ the CA agrees on it and nothing new is stored. Without internal trust
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,9 @@ class KeyApi:
     # The root the key secret is derived from (the trust book's MAC key); None:
     # --insecure-internal, no virtual keys.
     root_secret: bytes | None
+    # Wall clock (epoch seconds): expiries are calendar times. Injected so the
+    # key decisions below take ``now`` instead of reading it.
+    clock: Callable[[], float] = time.time
     _lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     @property
@@ -78,7 +82,7 @@ class KeyApi:
         async with self._lock:
             current = await self._current()
             try:
-                key = _new_key(asked, key_digest(secret, key_text), current)
+                key = _new_key(asked, key_digest(secret, key_text), current, self.clock())
             except (ValidationError, ValueError, TypeError) as error:
                 raise InvalidRequest(f"not a key: {_first_error(error)}") from None
             applied = await self._apply(request, current, [*current.policy.keys, key],
@@ -91,7 +95,7 @@ class KeyApi:
 
     async def list_keys(self, request: Request) -> None:
         current = await self._current()
-        now = time.time()
+        now = self.clock()
         await send_json(request.send, 200, {
             "version": current.version,
             "keys": [_public(key) | {"expired": key.expires_at is not None
@@ -126,7 +130,8 @@ class KeyApi:
         return applied
 
 
-def _new_key(asked: dict[str, Any], digest: str, current: PolicyVersion) -> VirtualKey:
+def _new_key(asked: dict[str, Any], digest: str, current: PolicyVersion,
+             now: float) -> VirtualKey:
     unknown = set(asked) - {"tenant", "name", "ttl_s", "expires_at", "models",
                             "requests_per_s", "tokens_per_min", "budgets"}
     if unknown:
@@ -138,10 +143,12 @@ def _new_key(asked: dict[str, Any], digest: str, current: PolicyVersion) -> Virt
     if not any(t.name == tenant for t in current.policy.tenants):
         names = ", ".join(t.name for t in current.policy.tenants) or "none"
         raise ValueError(f"tenant {tenant!r} is not in the policy (tenants: {names})")
-    now = time.time()
     expires_at = asked.get("expires_at")
     if asked.get("ttl_s") is not None:
-        ttl = float(asked["ttl_s"])
+        ttl = asked["ttl_s"]
+        # A JSON number, not a bool (float(True) is 1 s) or a string ("inf", "1e999").
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+            raise ValueError("ttl_s must be a number of seconds")
         if not 0 < ttl <= MAX_TTL_S:
             raise ValueError("ttl_s must be between 0 and ten years")
         expires_at = now + ttl

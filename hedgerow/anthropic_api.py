@@ -275,7 +275,7 @@ def check_version(header: str | None) -> None:
     if header is None:
         return
     version = header.strip()
-    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", version) and version >= ANTHROPIC_VERSION:
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", version, re.ASCII) and version >= ANTHROPIC_VERSION:
         return
     raise InvalidRequest(f"anthropic-version: {version[:MAX_NAME_SHOWN]!r} is not served; "
                          f"Hedgerow speaks {ANTHROPIC_VERSION} and later",

@@ -177,6 +177,9 @@ def test_the_key_api_refuses_what_it_cannot_store(cluster: Cluster) -> None:
         bad = admin.post("/v1/keys", json={"tenant": "acme", "budgets": [{"period": "week",
                                                                           "tokens": 5}]})
         assert bad.status_code == 400 and "period" in bad.text
+        for ttl in (True, "inf", -1, 1e12):  # a bool or a string is no number of seconds
+            odd = admin.post("/v1/keys", json={"tenant": "acme", "ttl_s": ttl})
+            assert odd.status_code == 400 and "ttl_s" in odd.text, (ttl, odd.text)
         assert admin.delete("/v1/keys/key_00000000deadbeef").status_code == 404
     # A gateway certificate may fetch the key secret; the admin may not.
     with cluster.stack.admin() as admin:
