@@ -508,6 +508,13 @@ def soak(quick: bool, workdir: Path, duration_s: float | None = None) -> dict[st
     return run(quick, workdir, duration_s)
 
 
+def processes(quick: bool, workdir: Path) -> dict[str, Any]:
+    """The gateway with --processes 1 and 2: cache hits and streamed misses (``bench.processes``)."""
+    from bench.processes import processes as run
+
+    return run(quick, workdir)
+
+
 SCENARIOS: dict[str, Callable[[bool, Path], dict[str, Any]]] = {
     "overhead": overhead,
     "internal-tls": internal_tls,
@@ -520,6 +527,7 @@ SCENARIOS: dict[str, Callable[[bool, Path], dict[str, Any]]] = {
     "soak": soak,
     "attacks": attacks,
     "memory": memory,
+    "processes": processes,
 }
 
 

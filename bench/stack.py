@@ -242,6 +242,8 @@ class Stack:
             self.gateway_admin_port = free_port()
             extra = (*extra, "--admin-port", str(self.gateway_admin_port))
         self.gateway_admins[self.gateway_url] = self.gateway_admin_url
+        if "--processes" not in extra:  # one process unless a caller asks for more
+            extra = (*extra, "--processes", "1")
         proc = self.spawn("gateway", "gateway", "--port", str(self.gateway_port),
                           "--control-plane", self.control_plane_url,
                           "--state-dir", str(self.root / "state"),

@@ -35,8 +35,8 @@ from gateway.quic_admission import QuicFrontDoor, QuicLimits
 from gateway.h2_budget import H2Limits
 from gateway.h2_guard import H2_GUARD_STATS
 from gateway.ticket_keys import DEFAULT_ROTATION_S
-from gateway.transport import (MAX_REQUESTS_PER_CONNECTION, QUIC_SESSION_TICKETS, build_config,
-                               local_hosts, serve)
+from gateway.transport import (MAX_REQUESTS_PER_CONNECTION, QUIC_SESSION_TICKETS, Listeners,
+                               build_config, local_hosts, serve)
 from gateway.upstream import WorkerClient
 from hedgerow.actors import Supervisor
 from hedgerow.body_budget import DEFAULT_BODY_BUDGET_BYTES, BodyBudget
@@ -55,6 +55,16 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 # streams cut at the deadline can still write their error events before
 # hypercorn cancels what is left.
 DRAIN_GRACE_S = 2.0
+
+
+@dataclass(frozen=True)
+class ProcessSlot:
+    """This process is ``index`` of ``count`` serving one port (``gateway.processes``):
+    it serves the sockets its parent bound, and its admin listener is on admin_port + index."""
+
+    index: int
+    count: int
+    listeners: Listeners
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,8 @@ class GatewayOptions:
     # Mutual TLS to the control plane and workers, and on the admin listener;
     # None: plain HTTP (--insecure-internal, and tests of the gateway alone).
     internal_tls: InternalTls | None = None
+    # One of ``--processes N``; None: the only process, binding its own sockets.
+    process: ProcessSlot | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -135,8 +147,11 @@ async def run_gateway(
     shared = (open_shared_limits(options.redis_url, options.redis_tls)
               if options.redis_url else None)
     # Exact and semantic response cache, shared through Redis when given one.
+    origin = options.gateway_id or f"gw-{options.port}"
+    if options.process is not None:  # semantic cache ids are unique per process
+        origin = f"{origin}/p{options.process.index}"
     cache = ResponseCache(policy, options.redis_url, redis_tls=options.redis_tls,
-                          origin=options.gateway_id or f"gw-{options.port}")
+                          origin=origin)
     try:
         if cache.redis is not None and options.redis_url is not None:
             # A wrong CA, password or ACL stops the start here; an unreachable
@@ -220,7 +235,8 @@ async def run_gateway(
                     log.info("no --admin-port: metrics and the cache admin API are not served")
                 port = await tg.start(functools.partial(serve, connection_cap=connections,
                                                         quic_door=quic_door,
-
+                                                        listeners=options.process and
+                                                        options.process.listeners,
                                                         certificates=certificates),
                                       SecurityHeaders(edge), config, drain_on_shutdown)
                 hosts = [options.host] if isinstance(options.host, str) else options.host
@@ -240,12 +256,15 @@ async def _serve_admin(tg: TaskGroup, admin: GatewayAdmin, options: GatewayOptio
     """With internal TLS: mutual TLS, role admin (and the token when one is set),
     on the host asked. Without: plain HTTP, on loopback unless a token guards it."""
     assert options.admin_port is not None
+    admin_port = options.admin_port
+    if options.process is not None and admin_port != 0:
+        admin_port += options.process.index  # process i of --processes N: admin port + i
     if tls.enabled:
         host, served = options.admin_host, require_roles(admin, ("admin",))
     else:
         host, served = admin_bind_host(options.admin_host, options.admin_token), admin
     port = await tg.start(functools.partial(serve_internal, tls=tls.server()), served, host,
-                          options.admin_port, shutdown)
+                          admin_port, shutdown)
     log.info("gateway admin API and /metrics listening on %s://%s:%d%s", tls.scheme, host, port,
              "" if options.admin_token or tls.enabled else " (no admin token: unauthenticated)")
 

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from contextvars import ContextVar
 from functools import partial
 from importlib.metadata import version
@@ -97,6 +96,7 @@ from hypercorn.protocol.h3 import H3Protocol
 from hypercorn.protocol.quic import QuicProtocol, _Connection
 
 from hedgerow.connection_cap import log_refusals
+from hedgerow.http_stack.quic_cid import new_server_cid
 from gateway.quic_admission import Address, QuicFrontDoor, QuicLimits, Verdict
 
 log = logging.getLogger("hedgerow.gateway.quic")
@@ -523,7 +523,9 @@ def _answer(door: QuicFrontDoor, verdict: Verdict, header: QuicHeader, address: 
             now: float) -> bytes | None:
     assert header.version is not None  # _new_initial checked it
     if verdict is Verdict.RETRY:
-        retry_cid = os.urandom(_CID_BYTES)
+        # Steered like the host ids: the client's next Initial, addressed to it,
+        # reaches this process, the one whose key sealed the token.
+        retry_cid = new_server_cid(_CID_BYTES)
         return encode_quic_retry(
             version=header.version, source_cid=retry_cid, destination_cid=header.source_cid,
             original_destination_cid=header.destination_cid,

@@ -212,6 +212,7 @@ async def serve(
     connection_cap: ConnectionCap | None = None,
     quic_door: QuicFrontDoor | None = None,
     certificates: CertificateReloader | None = None,
+    listeners: Listeners | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown_trigger()`` returns, then drain and return.
@@ -227,12 +228,15 @@ async def serve(
     with it, so it can load a renewed certificate into them (``gateway.cert_reload``).
     A failure inside hypercorn (e.g. the app's lifespan startup) propagates
     wrapped in an ExceptionGroup, as from any anyio task group.
+    ``listeners``: serve these sockets, bound elsewhere (``gateway.processes``),
+    instead of binding ``config.bind``.
     """
     install_hypercorn_patches(QUIC_SESSION_TICKETS)
     ring = getattr(config, "ticket_keys", None)
     QUIC_SESSION_TICKETS.rotate_every(
         None if ring is None else datetime.timedelta(seconds=ring.period_s))
-    listeners = bind_listeners(config)
+    if listeners is None:
+        listeners = bind_listeners(config)
     try:
         config = _with_alt_svc(config, listeners)
         task_status.started(listeners.port)

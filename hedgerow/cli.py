@@ -28,6 +28,8 @@ from hedgerow.logs import LOG_FORMATS, configure_logging
 from hedgerow.trust.process import add_trust_arguments
 
 if TYPE_CHECKING:
+    from gateway.main import GatewayOptions
+    from gateway.processes import ChildSlot
     from gateway.quic_admission import QuicLimits
     from hedgerow.trust.process import InternalTls
     from hedgerow.redis_conn import RedisTls
@@ -43,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hedgerow: {error}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    # ``hedgerow gateway --processes N`` starts its children with the same words.
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         configure_logging(args.log_level, args.log_format)
     except ValueError as error:  # a bad HEDGEROW_LOG_FORMAT or level
@@ -95,7 +99,7 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     kinds = bench.add_subparsers(dest="bench_command", required=True)
     scenario = kinds.add_parser("scenario", help="run a named scenario; last line is JSON")
     scenario.add_argument("name", help="overhead | internal-tls | overload | stragglers | throughput | "
-                          "worker | pops | cache | soak | attacks | memory")
+                          "worker | pops | cache | soak | attacks | memory | processes")
     scenario.add_argument("--quick", action="store_true", help="short run (under 3 minutes; pops: under 5)")
     scenario.add_argument("--workdir", type=Path, help="keep logs and policies here")
     scenario.add_argument("--duration", type=float, help="soak only: seconds of load (default 60)")
@@ -374,6 +378,12 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="one JSON line per completion request (no prompt, no key): to "
                          "stderr, off, or appended to PATH (default stderr; fields: "
                          "docs/operations.md, 'Access log')")
+    gw.add_argument("--processes", type=int, default=None, metavar="N",
+                    help="gateway processes serving --port together (SO_REUSEPORT, TCP and "
+                         "UDP; QUIC steered by connection id); they share nothing in memory, "
+                         "so limits and cache are per process without --redis; the admin "
+                         "listener of process i is on --admin-port + i (default: the cores "
+                         "this process may run on; 1: one process, no supervisor)")
     add_trust_arguments(gw)
     gw.set_defaults(run=_run_gateway)
 
@@ -679,6 +689,13 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if args.max_requests_per_connection < 1:
         print("hedgerow: --max-requests-per-connection must be at least 1", file=sys.stderr)
         return 1
+    from gateway.processes import ChildSlot, default_processes
+
+    child = ChildSlot.from_env()
+    processes = default_processes() if args.processes is None else args.processes
+    if not 1 <= processes <= 256:
+        print("hedgerow: --processes must be 1 to 256", file=sys.stderr)
+        return 1
     from gateway.h2_budget import parse_h2_limits
     if not 0 < args.tls_ticket_rotation_s < float("inf"):
         print("hedgerow: --tls-ticket-rotation-s must be a positive number", file=sys.stderr)
@@ -734,9 +751,63 @@ def _run_gateway(args: argparse.Namespace) -> int:
         ticket_rotation_s=args.tls_ticket_rotation_s,
         max_buffered_body_bytes=args.max_buffered_body_bytes,
     )
+    if child is not None:
+        return _run_gateway_child(options, child)
+    if processes > 1:
+        return _supervise_gateways(args, options, processes)
     with traced("hedgerow-gateway"):
         return _run_reporting_setup_errors(
             lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
+
+
+def _supervise_gateways(args: argparse.Namespace, options: GatewayOptions,
+                        processes: int) -> int:
+    """``--processes N``: bind the port's sockets, start and watch N children."""
+    from gateway.devcert import ensure_dev_certificate
+    from gateway.processes import SteeringUnavailable, Supervisor, bind_groups
+
+    if options.certfile is None or options.keyfile is None:
+        ensure_dev_certificate(options.state_dir)  # once, before the children race for it
+    hosts = [options.host] if isinstance(options.host, str) else list(options.host)
+    try:
+        groups = bind_groups(hosts, options.port, processes)
+    except SteeringUnavailable as error:
+        print(f"hedgerow: --processes {processes}: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"hedgerow: cannot bind port {options.port}: {error}", file=sys.stderr)
+        return 1
+    if options.redis_url is None:
+        logging.getLogger("hedgerow.gateway").warning(
+            "%d gateway processes without --redis: each applies tenants' limits and keeps "
+            "a response cache of its own", processes)
+    supervisor = Supervisor(getattr(args, "argv", sys.argv[1:]), groups, processes,
+                            drain_timeout_s=options.drain_timeout_s)
+    return supervisor.run()
+
+
+def _run_gateway_child(options: GatewayOptions, child: ChildSlot) -> int:
+    """One of ``--processes N``: serve the inherited sockets, tell the parent when up."""
+    from gateway.main import ProcessSlot, run_gateway
+    from gateway.processes import CHILD_ENV, die_with_parent
+    from gateway.transport import Listeners
+    from hedgerow.http_stack.quic_cid import install_cid_steering
+
+    os.environ.pop(CHILD_ENV, None)  # nothing this process starts is a gateway child
+    die_with_parent()
+    tcp, udp = child.sockets()
+    install_cid_steering(child.index, child.count)
+    options = dataclasses.replace(
+        options, port=child.port,
+        process=ProcessSlot(child.index, child.count, Listeners(child.port, tcp, udp)))
+
+    async def body(shutdown: anyio.Event) -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(run_gateway, options, shutdown)
+            child.announce_ready()
+
+    with traced("hedgerow-gateway"):
+        return _run_reporting_setup_errors(lambda: run_until_signalled(body))
 
 
 def _networks(text: str) -> tuple[str, ...]:

@@ -115,6 +115,9 @@ class Stack:
                           "--port", str(self.gateway_port),
                           "--control-plane", self.control_plane_url,
                           "--gateway-id", self.gateway_id,
+                          # In-process state (no Redis): one process, so one cache and
+                          # one set of limits.
+                          "--processes", "1",
                           "--state-dir", str(self.state_dir), *self._join_args("gateway")]
         control_plane = base + ["control-plane", "--host", self.host,
                                 "--port", str(self.control_plane_port),

@@ -1,0 +1,1 @@
+"""Every adaptation of hypercorn's and aioquic's private internals, one small module each."""

@@ -1,0 +1,245 @@
+"""``hedgerow gateway --processes 2``: real processes on one port, TCP and UDP.
+
+A control plane, a sim worker with 2 slots and a gateway supervising two
+children (admin listeners on --admin-port and --admin-port + 1). What a user
+would notice: both processes answer on the one port over TCP and over QUIC; a
+QUIC client that changes its source port mid-stream (connection migration,
+the mobile case) still gets its whole streamed answer; a killed process is
+restarted while the other keeps serving; the worker never runs more than its
+slots however the two processes dispatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+import pytest
+from aioquic.asyncio import connect
+from aioquic.h3.connection import H3_ALPN
+from aioquic.quic.configuration import QuicConfiguration
+
+from tests.support.h3client import _H3ClientProtocol, _send_request, h3_request
+from tests.support.stack import Stack, free_port, scrape_metrics, wait_for
+from tests.support.streams import sse_data
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "smollm2-135m-instruct"
+SLOTS = 2
+SIM = ["--backend", "sim", "--sim-prefill-ms-per-token", "0.1",
+       "--sim-decode-ms-per-token", "40", "--sim-jitter", "0"]
+
+
+def _two_free_ports() -> int:
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = Stack(tmp_path_factory.mktemp("procs"))
+    try:
+        stack.start_control_plane(lease_s=2.0)
+        stack.start_worker("sim-2", *SIM, "--slots", str(SLOTS))
+        admin = _two_free_ports()
+        stack.start_gateway("--processes", "2", "--admin-port", str(admin),
+                            "--host", "127.0.0.1")
+        wait_for(lambda: all(_requests(stack, i) >= 0 for i in (0, 1)), "both admin listeners")
+        yield stack
+    finally:
+        stack.stop_all()
+
+
+def _admin_url(stack: Stack, index: int) -> str:
+    return f"https://127.0.0.1:{stack.gateway_admin_port + index}"
+
+
+def _requests(stack: Stack, index: int) -> float:
+    """Completion requests process ``index`` answered (its own /metrics)."""
+    text = scrape_metrics(_admin_url(stack, index), verify=stack.admin_tls(check_hostname=False))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("hedgerow_requests_total{"))
+
+
+def _body(max_tokens: int, stream: bool = True) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "Tell me about foxes."}],
+            "max_tokens": max_tokens, "stream": stream}
+
+
+def _tcp_request(stack: Stack, max_tokens: int = 2, timeout: float = 30.0) -> httpx.Response:
+    """One request on a fresh TCP connection (so the kernel picks a process anew)."""
+    with httpx.Client(base_url=stack.gateway_url, timeout=timeout,
+                      verify=ssl.create_default_context(cafile=stack.ca_cert),
+                      headers={"cache-control": "no-cache"}) as client:
+        response = client.post("/v1/chat/completions", json=_body(max_tokens))
+        response.read()
+        return response
+
+
+def _h3(stack: Stack, max_tokens: int = 2, timeout_s: float = 30.0) -> Any:
+    return anyio.run(lambda: h3_request(
+        "127.0.0.1", stack.gateway_port, "POST", "/v1/chat/completions",
+        headers=[("content-type", "application/json"), ("cache-control", "no-cache")],
+        body=orjson.dumps(_body(max_tokens)), cafile=stack.ca_cert, server_name="localhost",
+        timeout_s=timeout_s, ticket_wait_s=0))
+
+
+def test_both_processes_serve_tcp_and_quic_on_the_one_port(stack: Stack) -> None:
+    before = [_requests(stack, i) for i in (0, 1)]
+    for _ in range(16):
+        assert _tcp_request(stack).status_code == 200
+    after_tcp = [_requests(stack, i) for i in (0, 1)]
+    assert all(a > b for a, b in zip(after_tcp, before)), (before, after_tcp)
+    assert sum(after_tcp) - sum(before) == 16
+    for _ in range(16):
+        response = _h3(stack)
+        assert response.status == 200 and sse_data(response.body.decode())[-1] == "[DONE]"
+    after_quic = [_requests(stack, i) for i in (0, 1)]
+    assert all(a > b for a, b in zip(after_quic, after_tcp)), (after_tcp, after_quic)
+    assert sum(after_quic) - sum(after_tcp) == 16
+
+
+async def _migrating_stream(stack: Stack, tokens: int, moves: int) -> tuple[Any, list[float]]:
+    """A streamed request over QUIC whose client moves to a new UDP port (and a
+    new connection id) ``moves`` times while the answer streams."""
+    configuration = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                                      server_name="localhost")
+    configuration.load_verify_locations(cafile=str(stack.ca_cert))
+    loop = asyncio.get_running_loop()
+    moved_at: list[float] = []
+    opened: list[asyncio.BaseTransport] = []
+    with anyio.fail_after(30):
+        async with connect("127.0.0.1", stack.gateway_port, configuration=configuration,
+                           create_protocol=_H3ClientProtocol) as client:
+            assert isinstance(client, _H3ClientProtocol)
+            _send_request(client, "127.0.0.1", stack.gateway_port, "POST",
+                          "/v1/chat/completions",
+                          [("content-type", "application/json"), ("cache-control", "no-cache")],
+                          orjson.dumps(_body(tokens)))
+            while not client.response.chunks:
+                await asyncio.sleep(0.01)
+            for _ in range(moves):
+                old = client._transport
+                assert old is not None
+                # As aioquic's connect() makes its socket: dual-stack IPv6.
+                sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                sock.bind(("::", 0, 0, 0))
+                transport, _ = await loop.create_datagram_endpoint(lambda: client, sock=sock)
+                opened.append(transport)
+                old.close()  # nothing reaches the old port any more
+                client.change_connection_id()
+                client.transmit()
+                moved_at.append(time.monotonic())
+                await asyncio.sleep(0.15)
+            await client.done
+    for transport in opened:
+        transport.close()
+    return client.response, moved_at
+
+
+def test_a_quic_client_that_changes_its_port_mid_stream_gets_its_whole_answer(
+        stack: Stack) -> None:
+    # Each move lands on either process by the kernel's hash of the new 4-tuple;
+    # four moves all landing on the right one by luck: 1 in 16 per run.
+    tokens = 40
+    response, moved_at = anyio.run(_migrating_stream, stack, tokens, 4)
+    assert response.status == 200
+    events = sse_data(response.body.decode())
+    assert events[-1] == "[DONE]"
+    text = "".join(orjson.loads(e)["choices"][0]["delta"].get("content", "")
+                   for e in events[:-1] if orjson.loads(e)["choices"])
+    assert text == "".join(f"tok{i} " for i in range(1, tokens + 1))
+    # The answer kept coming after the last move, through the new port only.
+    assert any(chunk.received_at > moved_at[-1] for chunk in response.chunks)
+
+
+def _children(stack: Stack) -> dict[int, int]:
+    """Process index -> pid, from the supervisor's log (latest start of each)."""
+    gateway = next(p for p in stack.procs if p.name == "gateway")
+    found: dict[int, int] = {}
+    for match in re.finditer(r"gateway process (\d+) of 2 started \(pid (\d+)\)", gateway.log()):
+        found[int(match.group(1))] = int(match.group(2))
+    return found
+
+
+def test_a_killed_process_is_restarted_and_the_other_keeps_serving(stack: Stack) -> None:
+    killed = wait_for(lambda: _children(stack).get(0), "process 0's pid")
+    survivor = _children(stack)[1]
+    served_by_survivor = _requests(stack, 1)
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: not _pid_alive(killed), "process 0 to die", timeout=10)
+    # While process 0 is gone, new QUIC connections whose first packets the
+    # kernel hands to process 1 are answered.
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: _try(lambda: _h3(stack, timeout_s=4.0)), range(8)))
+    assert any(r is not None and r.status == 200 for r in results)
+    assert _requests(stack, 1) > served_by_survivor
+    restarted = wait_for(lambda: _children(stack).get(0) not in (None, killed)
+                         and _children(stack)[0], "process 0 restarted")
+    wait_for(lambda: _requests(stack, 0) >= 0, "the new process 0's admin listener")
+    assert _children(stack)[1] == survivor and _pid_alive(survivor)
+    assert restarted != killed
+    for _ in range(6):
+        assert _tcp_request(stack).status_code == 200
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _try(call: Any) -> Any:
+    try:
+        return call()
+    except Exception:
+        return None
+
+
+def test_the_worker_never_runs_more_than_its_slots_under_two_processes(stack: Stack) -> None:
+    peak = {"active": 0, "queued": 0}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            load = stack.worker_status("sim-2")
+            peak["active"] = max(peak["active"], load["active"])
+            peak["queued"] = max(peak["queued"], load["queued"])
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            statuses = list(pool.map(lambda _: _tcp_request(stack, max_tokens=15).status_code,
+                                     range(24)))
+    finally:
+        stop.set()
+        watcher.join()
+    assert statuses.count(200) + statuses.count(429) + statuses.count(503) == 24
+    assert statuses.count(200) >= 12
+    assert peak["active"] == SLOTS, peak  # saturated, never beyond
+    print(f"worker peak: {peak}")

@@ -1,0 +1,209 @@
+"""gateway.processes: the socket groups on this kernel, and the supervisor's rules.
+
+The steering tests send real datagrams through the kernel's reuseport group
+with the BPF program attached: a datagram reaches socket ``dcid[0] % N``
+whatever its source port, which is what keeps a migrated QUIC client on the
+process that holds its connection. The supervisor tests run small stand-in
+children (the real gateway children: tests/integration/test_gateway_processes.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gateway.processes import (CHILD_ENV, ChildSlot, Supervisor, bind_groups, default_processes,
+                               steering_program)
+
+
+def _receiver(sockets: list[socket.socket]) -> int | None:
+    for index, sock in enumerate(sockets):
+        try:
+            sock.recv(2048)
+            return index
+        except BlockingIOError:
+            continue
+    return None
+
+
+def _wait_receiver(sockets: list[socket.socket]) -> int | None:
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        got = _receiver(sockets)
+        if got is not None:
+            return got
+        time.sleep(0.001)
+    return None
+
+
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_datagrams_reach_the_socket_their_connection_id_names_from_any_source_port(
+        count: int) -> None:
+    groups = bind_groups(["127.0.0.1"], 0, count)
+    try:
+        udp = groups.udp[0]
+        for sock in udp:
+            sock.setblocking(False)
+        misses = []
+        for first in range(0, 256, 7):
+            for long_header in (False, True):
+                for _ in range(3):  # a fresh source port each time: a "migrated" client
+                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
+                        packet = (bytes([0xC3, 0, 0, 0, 1, 8, first]) if long_header
+                                  else bytes([0x41, first])) + b"\x00" * 30
+                        client.sendto(packet, ("127.0.0.1", groups.port))
+                        got = _wait_receiver(udp)
+                    if got != first % count:
+                        misses.append((first, long_header, got))
+        assert not misses
+    finally:
+        groups.close()
+
+
+def test_ipv6_groups_are_steered_too() -> None:
+    try:
+        groups = bind_groups(["::1"], 0, 2)
+    except OSError:
+        pytest.skip("no IPv6 loopback")  # pragma: no cover - this machine has one
+    try:
+        udp = groups.udp[0]
+        for sock in udp:
+            sock.setblocking(False)
+        for first in (0, 1, 2, 3, 200, 201):
+            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as client:
+                client.sendto(bytes([0x40, first]) + b"\x00" * 30, ("::1", groups.port))
+                assert _wait_receiver(udp) == first % 2
+    finally:
+        groups.close()
+
+
+def test_tcp_and_udp_groups_share_one_port_and_are_refused_to_a_plain_socket() -> None:
+    groups = bind_groups(["127.0.0.1"], 0, 2)
+    try:
+        assert {s.getsockname()[1] for g in groups.tcp + groups.udp for s in g} == {groups.port}
+        assert len(groups.tcp[0]) == len(groups.udp[0]) == 2
+        # A gateway without --processes (no SO_REUSEPORT) cannot take the port.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other:
+            with pytest.raises(OSError):
+                other.bind(("127.0.0.1", groups.port))
+    finally:
+        groups.close()
+
+
+def test_the_program_is_seven_instructions_ending_in_a_return() -> None:
+    program = steering_program(4)
+    assert len(program) == 7 and program[-1][0] == 0x16 and program[5] == (0x94, 0, 0, 4)
+    with pytest.raises(ValueError):
+        steering_program(0)
+
+
+def test_default_is_the_cores_this_process_may_use_within_its_cgroup_quota(
+        tmp_path: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    cpu_max = tmp_path / "cpu.max"
+    assert default_processes(tmp_path / "absent") == cores
+    cpu_max.write_text("max 100000\n")
+    assert default_processes(cpu_max) == cores
+    cpu_max.write_text("150000 100000\n")  # 1.5 CPUs: 2 processes at most
+    assert default_processes(cpu_max) == min(cores, 2)
+    cpu_max.write_text("50000 100000\n")
+    assert default_processes(cpu_max) == 1
+
+
+# --- the supervisor, with stand-in children ---------------------------------
+
+CHILD = """
+import json, os, signal, sys, time, socket
+slot = json.loads(os.environ[{env!r}])
+mode, log = sys.argv[1], sys.argv[2]
+def note(text):
+    with open(log, "a") as f:
+        f.write(text + "\\n")
+note(f"start {{slot['index']}} {{os.getpid()}}")
+if mode == "fail":
+    sys.exit(3)
+for fd in slot["tcp"] + slot["udp"]:
+    s = socket.socket(fileno=fd)
+    assert s.getsockname()[1] == slot["port"]
+    s.detach()
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+os.write(slot["ready"], b"1")
+while not stop:
+    time.sleep(0.02)
+note(f"drained {{slot['index']}}")
+"""
+
+
+def _supervisor(tmp_path: Path, mode: str, count: int = 2) -> tuple[Supervisor, Path]:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(env=CHILD_ENV))
+    log = tmp_path / "log"
+    log.touch()
+
+    def command(argv: Sequence[str]) -> list[str]:
+        return [sys.executable, str(script), *argv]
+
+    groups = bind_groups(["127.0.0.1"], 0, count)
+    return Supervisor([mode, str(log)], groups, count, drain_timeout_s=1.0,
+                      command=command), log
+
+
+def _run_until(supervisor: Supervisor, done: object, limit_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        alive = supervisor.step(time.monotonic())
+        if callable(done) and done():
+            return True
+        if not alive:
+            return False
+        time.sleep(0.02)
+    raise AssertionError("supervisor did not get there in time")
+
+
+def test_a_child_that_dies_is_restarted_and_the_other_keeps_running(tmp_path: Path) -> None:
+    supervisor, log = _supervisor(tmp_path, "serve")
+    try:
+        supervisor.start_all()
+        _run_until(supervisor, lambda: all(c.ready for c in supervisor.children))
+        first, second = supervisor.pids()
+        assert first is not None and second is not None
+        supervisor.children[0].process.kill()  # type: ignore[union-attr]
+        _run_until(supervisor, lambda: supervisor.pids()[0] not in (None, first)
+                   and supervisor.children[0].ready)
+        assert supervisor.pids()[1] == second  # untouched
+        supervisor.stop()
+        assert _run_until(supervisor, lambda: False) is False
+        lines = log.read_text().split("\n")
+        assert lines.count("start 0 " + str(first)) == 1
+        assert sum(line.startswith("start 0 ") for line in lines) == 2
+        assert {"drained 0", "drained 1"} <= set(lines)  # SIGTERM reached both
+        assert supervisor.status == 0
+    finally:
+        supervisor.close()
+
+
+def test_a_child_that_fails_before_serving_stops_the_gateway_with_its_status(
+        tmp_path: Path) -> None:
+    supervisor, log = _supervisor(tmp_path, "fail")
+    try:
+        supervisor.start_all()
+        assert _run_until(supervisor, lambda: False) is False
+        assert supervisor.status == 3
+        assert sum(line.startswith("start") for line in log.read_text().splitlines()) >= 1
+    finally:
+        supervisor.close()
+
+
+def test_child_slot_round_trips_through_the_environment() -> None:
+    slot = ChildSlot(1, 4, 8443, (5, 6), (7, 8), 9)
+    assert ChildSlot.from_env({CHILD_ENV: slot.to_env()}) == slot
+    assert ChildSlot.from_env({}) is None
+    assert json.loads(slot.to_env())["udp"] == [7, 8]
