@@ -243,3 +243,82 @@ def test_the_worker_never_runs_more_than_its_slots_under_two_processes(stack: St
     assert statuses.count(200) >= 12
     assert peak["active"] == SLOTS, peak  # saturated, never beyond
     print(f"worker peak: {peak}")
+
+
+# --- EDF across processes ---------------------------------------------------------
+
+
+def _edf_policy() -> str:
+    """The overload scenario's two classes (interactive, batch: EDF), with
+    deadlines long enough that nothing is shed here and no SLO refusals."""
+    from bench.scenarios import overload_policy
+
+    policy = overload_policy("edf")
+    for old, new in (("slo_admission: true", "slo_admission: false"),
+                     ("ttft_slo_ms: 1000, deadline_ms: 800", "ttft_slo_ms: 20000, deadline_ms: 20000"),
+                     ("ttft_slo_ms: 10000, deadline_ms: 5000",
+                      "ttft_slo_ms: 120000, deadline_ms: 120000")):
+        assert old in policy
+        policy = policy.replace(old, new)
+    return policy
+
+
+def _stream(stack: Stack, key: str, index: int, tokens: int) -> tuple[int, float, float]:
+    """(status, first chunk at, end at) of one streamed request on a fresh connection."""
+    body = {"model": MODEL, "stream": True, "max_tokens": tokens,
+            "messages": [{"role": "user", "content": f"note {index}"}]}
+    with httpx.Client(base_url=stack.gateway_url, timeout=60,
+                      verify=ssl.create_default_context(cafile=stack.ca_cert)) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body,
+                           headers={"authorization": f"Bearer {key}"}) as response:
+            first = 0.0
+            for _ in response.iter_raw():
+                first = first or time.monotonic()
+            return response.status_code, first, time.monotonic()
+
+
+def test_an_urgent_request_overtakes_work_queued_in_either_process(tmp_path: Any) -> None:
+    """A 1-slot worker, 16 batch requests spread over both processes, then two
+    interactive ones. Each process queues by deadline, but what a process has
+    already sent to the worker waits there in arrival order, and each process
+    sends up to the worker's slots (1 here) by its own count. So an urgent
+    request that reaches process A waits for what the worker has (at most one
+    request per process, running or waiting) and for what the other process
+    sends while A's own is ahead of it: at most (2N - 1) x slots = 3 batch
+    requests, never the ones still queued in either process. (With one FIFO
+    for all it would wait for every batch request sent before it.)"""
+    stack = Stack(tmp_path)
+    (tmp_path / "policy.yaml").write_text(_edf_policy())
+    try:
+        stack.start_control_plane()
+        stack.start_worker("sim-1", "--backend", "sim", "--slots", "1",
+                           "--sim-prefill-ms-per-token", "0.1",
+                           "--sim-decode-ms-per-token", "60", "--sim-jitter", "0")
+        admin = _two_free_ports()
+        stack.start_gateway("--policy", str(tmp_path / "policy.yaml"), "--processes", "2",
+                            "--admin-port", str(admin), "--host", "127.0.0.1")
+        wait_for(lambda: all(_requests(stack, i) >= 0 for i in (0, 1)), "both admin listeners")
+        with ThreadPoolExecutor(16) as pool:
+            batch = [pool.submit(_stream, stack, "sk-jobs", i, 5) for i in range(16)]
+            time.sleep(1.0)  # every batch request queued or running
+            sent = time.monotonic()
+            urgent = [pool.submit(_stream, stack, "sk-web", 100 + i, 5) for i in range(2)]
+            batch_results = [f.result() for f in batch]
+            urgent_results = [f.result() for f in urgent]
+        assert all(status == 200 for status, _, _ in batch_results + urgent_results)
+        assert all(_requests(stack, i) > 0 for i in (0, 1))  # both processes took some
+        batch_ends = sorted(end for _, _, end in batch_results)
+        print("batch ends after the urgent ones were sent:",
+              [round(end - sent, 2) for end in batch_ends],
+              "urgent first chunks:", [round(first - sent, 2) for _, first, _ in urgent_results])
+        assert batch_ends[-1] > max(first for _, first, _ in urgent_results), \
+            "batch work was still waiting when the urgent requests started"
+        for _, first, _ in urgent_results:
+            ahead = sum(1 for end in batch_ends if sent < end < first)
+            behind = sum(1 for end in batch_ends if end > first)
+            # The bound above, plus one for the urgent request arriving just after
+            # its process dispatched, and one for the other urgent request.
+            assert ahead <= 5, (ahead, "batch requests finished before an urgent one began")
+            assert behind >= 6, (behind, "batch requests the urgent one overtook")
+    finally:
+        stack.stop_all()
