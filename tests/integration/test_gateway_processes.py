@@ -127,6 +127,7 @@ async def _migrating_stream(stack: Stack, tokens: int, moves: int) -> tuple[Any,
     configuration.load_verify_locations(cafile=str(stack.ca_cert))
     loop = asyncio.get_running_loop()
     moved_at: list[float] = []
+    progressed: list[float] = []
     opened: list[asyncio.BaseTransport] = []
     with anyio.fail_after(30):
         async with connect("127.0.0.1", stack.gateway_port, configuration=configuration,
@@ -151,18 +152,28 @@ async def _migrating_stream(stack: Stack, tokens: int, moves: int) -> tuple[Any,
                 client.change_connection_id()
                 client.transmit()
                 moved_at.append(time.monotonic())
-                await asyncio.sleep(0.15)
+                # The answer must go on arriving at the new port before the next
+                # move: a datagram of the connection handed to the other process
+                # would be dropped there, and the stream would stall.
+                seen = len(client.response.chunks)
+                with anyio.fail_after(3):
+                    while len(client.response.chunks) <= seen and not client.done.done():
+                        await asyncio.sleep(0.005)
+                if len(client.response.chunks) > seen:
+                    progressed.append(moved_at[-1])
             await client.done
     for transport in opened:
         transport.close()
+    assert progressed == moved_at, "the answer went on after every move"
     return client.response, moved_at
 
 
 def test_a_quic_client_that_changes_its_port_mid_stream_gets_its_whole_answer(
         stack: Stack) -> None:
-    # Each move lands on either process by the kernel's hash of the new 4-tuple;
-    # four moves all landing on the right one by luck: 1 in 16 per run.
-    tokens = 40
+    # Without steering by connection id each move's datagrams would reach
+    # either process by the kernel's hash of the new addresses: the answer
+    # going on after all four moves by luck, 1 in 16.
+    tokens = 60
     response, moved_at = anyio.run(_migrating_stream, stack, tokens, 4)
     assert response.status == 200
     events = sse_data(response.body.decode())
