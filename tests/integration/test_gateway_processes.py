@@ -6,7 +6,8 @@ would notice: both processes answer on the one port over TCP and over QUIC; a
 QUIC client that changes its source port mid-stream (connection migration,
 the mobile case) still gets its whole streamed answer; a killed process is
 restarted while the other keeps serving; the worker never runs more than its
-slots however the two processes dispatch.
+slots however the two processes dispatch. Every QUIC connection here goes
+through a Retry (``--quic-retry always``).
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack.start_control_plane(lease_s=2.0)
         stack.start_worker("sim-2", *SIM, "--slots", str(SLOTS))
         admin = _two_free_ports()
+        # Every QUIC client is sent a Retry first: its next Initial, addressed to
+        # the Retry's id, must reach the process whose key sealed the token.
         stack.start_gateway("--processes", "2", "--admin-port", str(admin),
-                            "--host", "127.0.0.1")
+                            "--host", "127.0.0.1", "--quic-retry", "always")
         wait_for(lambda: all(_requests(stack, i) >= 0 for i in (0, 1)), "both admin listeners")
         yield stack
     finally:
