@@ -336,3 +336,25 @@ def test_an_urgent_request_overtakes_work_queued_in_either_process(tmp_path: Any
             assert behind >= 6, (behind, "batch requests the urgent one overtook")
     finally:
         stack.stop_all()
+
+
+def test_sigterm_drains_every_process_and_the_gateway_exits_0(stack: Stack) -> None:
+    """Last in the module: it stops the module's gateway. A stream running when
+    the supervisor gets SIGTERM ends in full; then every process has exited."""
+    children = wait_for(lambda: len(_children(stack)) == 2 and _children(stack), "children")
+    gateway = next(p for p in stack.procs if p.name == "gateway")
+    with httpx.Client(base_url=stack.gateway_url, timeout=30,
+                      verify=ssl.create_default_context(cafile=stack.ca_cert),
+                      headers={"cache-control": "no-cache"}) as client:
+        with client.stream("POST", "/v1/chat/completions", json=_body(50)) as response:
+            raw = response.iter_raw()
+            received = next(raw)
+            gateway.popen.send_signal(signal.SIGTERM)
+            for chunk in raw:
+                received += chunk
+    assert response.status_code == 200
+    events = sse_data(received.decode())
+    assert events[-1] == "[DONE]" and len(events) > 50
+    assert gateway.popen.wait(timeout=40) == 0
+    assert not any(_pid_alive(pid) for pid in children.values())
+    assert "draining 2 gateway process(es)" in gateway.log()
