@@ -235,8 +235,8 @@ async def run_gateway(
                     log.info("no --admin-port: metrics and the cache admin API are not served")
                 port = await tg.start(functools.partial(serve, connection_cap=connections,
                                                         quic_door=quic_door,
-                                                        listeners=options.process and
-                                                        options.process.listeners,
+                                                        listeners=None if options.process
+                                                        is None else options.process.listeners,
                                                         certificates=certificates),
                                       SecurityHeaders(edge), config, drain_on_shutdown)
                 hosts = [options.host] if isinstance(options.host, str) else options.host

@@ -48,6 +48,9 @@ def test_children_and_banner() -> None:
     assert commands["control-plane"][commands["control-plane"].index("--state-dir") + 1] \
         == "state/control-plane"
     assert "admin credential: state/control-plane/admin" in text
+    # Its state is in-process (no Redis): one gateway process, one cache.
+    gateway = commands["gateway"]
+    assert gateway[gateway.index("--processes") + 1] == "1"
 
 
 def test_local_gateway_serves_ipv6_loopback_too() -> None:

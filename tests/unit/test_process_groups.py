@@ -207,3 +207,31 @@ def test_child_slot_round_trips_through_the_environment() -> None:
     assert ChildSlot.from_env({CHILD_ENV: slot.to_env()}) == slot
     assert ChildSlot.from_env({}) is None
     assert json.loads(slot.to_env())["udp"] == [7, 8]
+
+
+def test_a_kernel_without_the_steering_program_refuses_several_processes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    import gateway.processes as processes
+
+    def refuse(sock: socket.socket, count: int) -> None:
+        raise OSError(errno.ENOPROTOOPT, "Protocol not available")
+
+    monkeypatch.setattr(processes, "attach_steering", refuse)
+    with pytest.raises(processes.SteeringUnavailable, match="--processes 1"):
+        bind_groups(["127.0.0.1"], 0, 2)
+    # One process needs no steering.
+    groups = bind_groups(["127.0.0.1"], 0, 1)
+    groups.close()
+
+
+def test_processes_option_from_the_command_line_and_the_environment(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from hedgerow.cli import build_parser, main
+
+    assert build_parser({}).parse_args(["gateway"]).processes is None  # the cores
+    assert build_parser({"HEDGEROW_GATEWAY_PROCESSES": "3"}).parse_args(
+        ["gateway"]).processes == 3
+    assert main(["gateway", "--processes", "0", "--insecure-internal"]) == 1
+    assert "--processes must be 1 to 256" in capsys.readouterr().err
