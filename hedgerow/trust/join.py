@@ -16,8 +16,11 @@ certificates (``--tls-cert``/``--tls-key``) are reloaded when their files change
 from __future__ import annotations
 
 import datetime
+import fcntl
 import logging
 import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -39,6 +42,8 @@ RENEW_AT_FRACTION = 2 / 3
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 60.0
 FILE_CHECK_S = 30.0
+# Processes sharing one identity (gateway --processes N) renew one at a time.
+RENEW_LOCK_POLL_S = 0.05
 JOIN_TIMEOUT_S = 10.0
 MAX_CA_BYTES = 64 * 1024
 
@@ -180,20 +185,34 @@ class CertificateRenewer:
             return
         delay = RETRY_MIN_S
         while True:
-            due = renew_at(self.contexts.credentials.certificate())
+            current = self.contexts.credentials.certificate()
+            due = renew_at(current)
             wait = (due - datetime.datetime.now(datetime.UTC)).total_seconds()
             if wait > 0:
                 await anyio.sleep(wait)
             try:
-                await self.renew_once()
+                await self.renew_once(current.serial_number)
                 delay = RETRY_MIN_S
             except (httpx.HTTPError, JoinError, CredentialsError) as error:
                 log.error("certificate renewal failed (%s); retrying in %.0f s", error, delay)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
 
-    async def renew_once(self) -> None:
+    async def renew_once(self, replacing: int | None = None) -> None:
+        """Renew the certificate (serial ``replacing``), unless another process
+        sharing these files (``hedgerow gateway --processes N``) already
+        replaced it: then load what it wrote. The file lock keeps two renewals
+        from interleaving their key and certificate writes."""
         creds = self.contexts.credentials
+        async with _renewal_lock(creds.directory):
+            if replacing is not None and creds.certificate().serial_number != replacing:
+                self.contexts.reload()
+                log.info("loaded %s's certificate renewed by another process (valid until %s)",
+                         creds.identity(), creds.valid_until().isoformat(timespec="seconds"))
+                return
+            await self._renew(creds)
+
+    async def _renew(self, creds: Credentials) -> None:
         identity = creds.identity()
         key = ec.generate_private_key(ec.SECP256R1())
         async with httpx.AsyncClient(verify=self.contexts.client(),
@@ -223,6 +242,23 @@ class CertificateRenewer:
                     log.info("reloaded the certificate in %s", path)
             except (OSError, CredentialsError) as error:
                 log.error("cannot reload %s: %s", path, error)
+
+
+@asynccontextmanager
+async def _renewal_lock(directory: Path) -> AsyncIterator[None]:
+    """An exclusive ``flock`` on ``directory``/.renew.lock, polled (cancellable)."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(directory / ".renew.lock", "a") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await anyio.sleep(RENEW_LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _message(reply: httpx.Response) -> str:

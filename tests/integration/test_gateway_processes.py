@@ -358,3 +358,42 @@ def test_sigterm_drains_every_process_and_the_gateway_exits_0(stack: Stack) -> N
     assert gateway.popen.wait(timeout=40) == 0
     assert not any(_pid_alive(pid) for pid in children.values())
     assert "draining 2 gateway process(es)" in gateway.log()
+
+
+def test_processes_sharing_one_identity_renew_it_one_at_a_time(tmp_path: Any) -> None:
+    """Certificates that live 45 s (renewed about every 10 s: two thirds into a
+    life that starts a minute early, for clock skew) under --processes 2: the
+    identity's key and certificate on disk always stay a pair (the processes
+    renew under a file lock, the second loading what the first wrote), so
+    requests keep reaching the worker over mutual TLS and a process started
+    after the renewals loads the files."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    stack = Stack(tmp_path)
+    try:
+        # Long enough for the children to start on the certificate the parent
+        # joined with (several seconds on a busy machine).
+        stack.start_control_plane(lease_s=2.0, cert_ttl_s=45)
+        stack.start_worker("sim-r", *SIM, "--slots", "2")
+        stack.start_gateway("--processes", "2", "--admin-port", str(_two_free_ports()),
+                            "--host", "127.0.0.1", "--gateway-id", "gw-pair")
+        identity = tmp_path / "state" / "identity-gateway-gw-pair"
+        gateway = next(p for p in stack.procs if p.name == "gateway")
+        deadline = time.monotonic() + 24
+        while time.monotonic() < deadline:
+            assert _tcp_request(stack).status_code == 200
+            time.sleep(0.3)
+        log = gateway.log()
+        assert log.count("renewed gateway/gw-pair") >= 2
+        assert "renewed by another process" in log
+        key = load_pem_private_key((identity / "key.pem").read_bytes(), None)
+        cert = x509.load_pem_x509_certificate((identity / "cert.pem").read_bytes())
+        assert key.public_key().public_numbers() == cert.public_key().public_numbers()  # type: ignore[union-attr]
+        os.kill(_children(stack)[1], signal.SIGKILL)
+        wait_for(lambda: len(re.findall(r"gateway process 1 of 2 started", gateway.log())) == 2
+                 and _requests(stack, 1) >= 0, "process 1 restarted")
+        for _ in range(6):
+            assert _tcp_request(stack).status_code == 200
+    finally:
+        stack.stop_all()
