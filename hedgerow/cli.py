@@ -598,8 +598,12 @@ def traced(service_name: str) -> Iterator[None]:
         tracing.shutdown()
 
 
-def run_until_signalled(body: Callable[[anyio.Event], Awaitable[None]]) -> None:
-    """Run ``body(shutdown)``; the first SIGINT/SIGTERM sets ``shutdown``."""
+def run_until_signalled(body: Callable[[anyio.Event], Awaitable[None]], *,
+                        keep_watching: bool = False) -> None:
+    """Run ``body(shutdown)``; the first SIGINT/SIGTERM sets ``shutdown``.
+    ``keep_watching``: later ones are absorbed rather than left to kill the
+    process (a gateway child gets SIGTERM from its supervisor and, under
+    systemd or a terminal's Ctrl-C, directly too: it must drain, not die)."""
 
     async def runner() -> None:
         shutdown = anyio.Event()
@@ -608,10 +612,13 @@ def run_until_signalled(body: Callable[[anyio.Event], Awaitable[None]]) -> None:
             async def watch_signals() -> None:
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for signum in signals:
+                        if shutdown.is_set():
+                            continue
                         logging.getLogger("hedgerow").info(
                             "%s: shutting down gracefully", signal.Signals(signum).name)
                         shutdown.set()
-                        return
+                        if not keep_watching:
+                            return
 
             tg.start_soon(watch_signals)
             await body(shutdown)
@@ -807,7 +814,7 @@ def _run_gateway_child(options: GatewayOptions, child: ChildSlot) -> int:
             child.announce_ready()
 
     with traced("hedgerow-gateway"):
-        return _run_reporting_setup_errors(lambda: run_until_signalled(body))
+        return _run_reporting_setup_errors(lambda: run_until_signalled(body, keep_watching=True))
 
 
 def _networks(text: str) -> tuple[str, ...]:

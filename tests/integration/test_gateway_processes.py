@@ -340,7 +340,10 @@ def test_an_urgent_request_overtakes_work_queued_in_either_process(tmp_path: Any
 
 def test_sigterm_drains_every_process_and_the_gateway_exits_0(stack: Stack) -> None:
     """Last in the module: it stops the module's gateway. A stream running when
-    the supervisor gets SIGTERM ends in full; then every process has exited."""
+    the gateway is stopped ends in full; then every process has exited. Stopped
+    as systemd stops a unit (SIGTERM to every process of it, so each child gets
+    one directly and one forwarded by the supervisor) or Ctrl-C does (SIGINT to
+    the process group): a second signal must not cut the drain short."""
     children = wait_for(lambda: len(_children(stack)) == 2 and _children(stack), "children")
     gateway = next(p for p in stack.procs if p.name == "gateway")
     with httpx.Client(base_url=stack.gateway_url, timeout=30,
@@ -349,6 +352,8 @@ def test_sigterm_drains_every_process_and_the_gateway_exits_0(stack: Stack) -> N
         with client.stream("POST", "/v1/chat/completions", json=_body(50)) as response:
             raw = response.iter_raw()
             received = next(raw)
+            for pid in children.values():
+                os.kill(pid, signal.SIGTERM)
             gateway.popen.send_signal(signal.SIGTERM)
             for chunk in raw:
                 received += chunk
