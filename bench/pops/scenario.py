@@ -239,6 +239,7 @@ class PopsStack:
                             "--control-plane", cp, "--state-dir", str(self.root / f"state-{pop.name}"),
                             "--certfile", str(certs / "cert.pem"), "--keyfile", str(certs / "key.pem"),
                             "--pop", pop.name, "--gateway-id", f"gw-{pop.name}",
+                            "--processes", "1",  # one per PoP, as measured before the flag
                             *self._join_args(pop, "gateway"))
 
     def _wait_ready(self) -> None:
