@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gateway.cache import guards
+from gateway.cache import guards, wording
 from gateway.cache.embedder import encode, load_minilm
 from gateway.cache.keys import normalize_text
 from policies.schema import load_policy
@@ -233,13 +233,76 @@ def print_side_by_side(results: dict[str, dict[str, Any]]) -> None:
         print(f"{t:9.2f}  " + "  ".join(cells), file=sys.stderr)
 
 
+def word_vectors(model: Any, text: str) -> tuple[list[str], np.ndarray]:
+    """The content words of ``text`` and their contextual vectors (the model's
+    last layer before pooling, a word the mean of its pieces; unit rows)."""
+    encoding = model.tokenizer.encode(text)
+    feeds = {"input_ids": [encoding.ids], "attention_mask": [encoding.attention_mask],
+             "token_type_ids": [encoding.type_ids]}
+    (hidden,) = model.session.run(None, {k: np.array(v, dtype=np.int64) for k, v in feeds.items()})
+    pieces: dict[int, list[int]] = {}
+    for row, word in enumerate(encoding.word_ids):
+        if word is not None:
+            pieces.setdefault(word, []).append(row)
+    words, rows = [], []
+    for members in pieces.values():
+        word = text[encoding.offsets[members[0]][0]:encoding.offsets[members[-1]][1]].lower()
+        if word.isalnum() and word not in wording.FUNCTION_WORDS and len(word) > 1:
+            vector = hidden[0][members].mean(axis=0)
+            words.append(word)
+            rows.append(vector / np.linalg.norm(vector))
+    return words, np.array(rows).reshape(len(rows), -1)
+
+
+def weakest_alignment(model: Any, new: str, cached: str) -> float:
+    """BERTScore-style: each content word's best match in the other question
+    (1.0 for the same word written another way); the weakest, both ways."""
+    new_words, new_rows = word_vectors(model, new)
+    cached_words, cached_rows = word_vectors(model, cached)
+    if not new_words or not cached_words:
+        return 1.0 if not new_words and not cached_words else 0.0
+    sims = new_rows @ cached_rows.T
+    for i, one in enumerate(new_words):
+        for j, other in enumerate(cached_words):
+            if wording.same_word(one, other):
+                sims[i, j] = 1.0
+    return float(min(sims.max(axis=1).min(), sims.max(axis=0).min()))
+
+
+def word_alignment(scored: Sequence[Scored], model: Any) -> dict[str, Any]:
+    """Token alignment as a guard (docs/benchmarks.md, candidate 1), on the tuned
+    sets only: does the weakest word's alignment separate the paraphrases from
+    the negatives among the pairs the content-word check refuses (cosine ≥ 0.75)?
+    AUC 0.5 is chance."""
+    decided = [s for s in scored if s.score >= 0.75
+               and wording.changed(guards.facts(normalize_text(s.pair.b)).content,
+                                   guards.facts(normalize_text(s.pair.a)).content)]
+    by_label: dict[int, list[float]] = {0: [], 1: []}
+    for s in decided:
+        by_label[s.pair.label].append(
+            weakest_alignment(model, normalize_text(s.pair.b), normalize_text(s.pair.a)))
+    pos, neg = np.array(by_label[1]), np.array(by_label[0])
+    auc = float(np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg]))
+    return {"paraphrases": len(pos), "negatives": len(neg), "auc": round(auc, 3),
+            "paraphrase_percentiles_10_25_50_75": np.percentile(pos, [10, 25, 50, 75]).round(2).tolist(),
+            "negative_percentiles_50_75_90_100": np.percentile(neg, [50, 75, 90, 100]).round(2).tolist()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threshold", type=float, default=None,
                         help="default: the shipped policy's cache.semantic.threshold")
     parser.add_argument("--pairs", type=Path, action="append", default=None,
                         help="evaluate this file instead of the two sets (repeatable)")
+    parser.add_argument("--word-alignment", action="store_true",
+                        help="only measure token alignment (candidate 1) on first + holdout_dev")
     args = parser.parse_args(argv)
+    if args.word_alignment:
+        model = load_minilm(threads=1)
+        dev, _ = split_by_domain(load_pairs(HOLDOUT_PATH))
+        tuned = score_pairs(load_pairs(PAIRS_PATH), model) + score_pairs(dev, model)
+        print(orjson.dumps(word_alignment(tuned, model)).decode())
+        return 0
     threshold = args.threshold or load_policy().cache.semantic.threshold
     sets = {p.stem: p for p in args.pairs} if args.pairs else SETS
     load_before = os.getloadavg()[0]

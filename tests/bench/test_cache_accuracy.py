@@ -32,6 +32,7 @@ from bench.cache_eval import (
     retrieval,
     score_pairs,
     split_by_domain,
+    weakest_alignment,
 )
 from gateway.cache import asking, wording
 from gateway.cache.embedder import load_minilm
@@ -93,3 +94,10 @@ def test_as_the_cache_runs_a_question_rarely_hits_another_cached_question(model:
     found = retrieval(load_pairs(HOLDOUT_PATH), model, THRESHOLD)
     assert found["precision"] >= 0.88, found["wrong"]
     assert found["recall"] >= 0.70
+
+
+def test_word_alignment_scores_the_same_words_one_and_a_substitution_less(model: Any) -> None:
+    """The measurement behind dropping token alignment (docs/benchmarks.md, candidate 1)."""
+    assert weakest_alignment(model, "who wrote hamlet", "who wrote Hamlet?") == 1.0
+    swapped = weakest_alignment(model, "is the 7 pm train crowded", "is the 7 am train crowded")
+    assert 0.0 < swapped < 1.0
