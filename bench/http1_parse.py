@@ -36,7 +36,7 @@ from typing import Any
 
 import h11
 
-from gateway.http1 import body_framing, parse_head
+from gateway.upstream.http1 import body_framing, parse_head
 
 EVENTS = 300
 MSS = 1448

@@ -120,7 +120,7 @@ def serve_bare(port: int, certfile: Path, keyfile: Path) -> None:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
-    from gateway.transport import MAX_REQUESTS_PER_CONNECTION
+    from gateway.edge.transport import MAX_REQUESTS_PER_CONNECTION
 
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]
@@ -136,7 +136,7 @@ def serve_with_transport(port: int, certfile: Path, keyfile: Path) -> None:
     import anyio
 
     from hedgerow.connection_cap import ConnectionCap
-    from gateway.transport import build_config, serve
+    from gateway.edge.transport import build_config, serve
 
     config = build_config(port=port, certfile=certfile, keyfile=keyfile, http3=False)
 

@@ -27,9 +27,9 @@ from typing import Any
 import anyio
 import orjson
 
-from gateway.access_log import AccessLog
-from gateway.attempt import UpstreamCall
-from gateway.dialects import (
+from gateway.admin.access_log import AccessLog
+from gateway.corridor.attempt import UpstreamCall
+from gateway.corridor.dialects import (
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
     OPENAI_COMPLETIONS,
@@ -37,23 +37,23 @@ from gateway.dialects import (
     Dialect,
     anthropic_errors,
 )
-from gateway.dispatch import Dispatcher
-from gateway.drain import Drain, InFlight
-from gateway import embed_route
-from gateway.embeddings import EmbeddingModel
-from gateway.key_gate import KeyGate
-from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics
-from gateway.usage_metrics import policy_prices
-from gateway.page import CHAT_PAGE, CHAT_PAGE_CSP
+from gateway.corridor.dispatch import Dispatcher
+from gateway.corridor.drain import Drain, InFlight
+from gateway.corridor import embed_route
+from gateway.corridor.embeddings import EmbeddingModel
+from gateway.corridor.key_gate import KeyGate
+from gateway.admin.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics
+from gateway.admin.usage_metrics import policy_prices
+from gateway.edge.page import CHAT_PAGE, CHAT_PAGE_CSP
 from gateway.cache import Hit, ResponseCache
 from gateway.cache.entry import entry_from_fold
 from gateway.cache.keys import bypasses_lookup, cacheable
-from gateway.generation import Generation, classify
-from gateway.tracing_attributes import describe_request, request_attributes
-from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
-from gateway.stream_log import StreamBook, StreamLog
-from gateway.scheduling import SchedulerDoor
-from gateway.tickets import Ticket
+from gateway.corridor.generation import Generation, classify
+from gateway.admin.tracing_attributes import describe_request, request_attributes
+from gateway.corridor.relay import ClientStalled, RelayOutcome, completion_body, follow_log
+from gateway.corridor.stream_log import StreamBook, StreamLog
+from gateway.corridor.scheduling import SchedulerDoor
+from gateway.corridor.tickets import Ticket
 from hedgerow import embeddings_api, tracing
 from hedgerow import openai_api as oa
 from hedgerow.body_budget import BodyBudget

@@ -28,7 +28,7 @@ from hedgerow.logs import LOG_FORMATS, configure_logging
 from hedgerow.trust.process import add_trust_arguments
 
 if TYPE_CHECKING:
-    from gateway.quic_admission import QuicLimits
+    from gateway.edge.quic_admission import QuicLimits
     from hedgerow.trust.process import InternalTls
     from hedgerow.redis_conn import RedisTls
     from workers.sim_backend import LatencyModel, SlowPeriods
@@ -379,7 +379,7 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def _add_quic_limits(gw: argparse.ArgumentParser) -> None:
-    from gateway.quic_admission import RETRY_MODES, QuicLimits
+    from gateway.edge.quic_admission import RETRY_MODES, QuicLimits
 
     d = QuicLimits()
     quic = gw.add_argument_group("QUIC / HTTP/3 limits (docs/security.md)")
@@ -418,7 +418,7 @@ def _add_quic_limits(gw: argparse.ArgumentParser) -> None:
 def _quic_limits(args: argparse.Namespace) -> QuicLimits:
     from dataclasses import fields
 
-    from gateway.quic_admission import QuicLimits
+    from gateway.edge.quic_admission import QuicLimits
 
     return QuicLimits(**{f.name: getattr(args, f"quic_{f.name}") for f in fields(QuicLimits)})
 
@@ -467,7 +467,7 @@ def _run_cache(args: argparse.Namespace) -> int:
     import orjson
 
     from control_plane.admin_auth import read_admin_token
-    from gateway.admin import purge
+    from gateway.admin.api import purge
 
     try:
         token = read_admin_token(args.admin_token_file)
@@ -660,7 +660,7 @@ def _run_control_plane(args: argparse.Namespace) -> int:
 def _run_gateway(args: argparse.Namespace) -> int:
     from control_plane.admin_auth import read_admin_token, read_metrics_token
     from gateway.main import GatewayOptions, run_gateway
-    from gateway.transport import local_hosts
+    from gateway.edge.transport import local_hosts
 
     try:
         admin_token = read_admin_token(args.admin_token_file)
@@ -679,7 +679,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if args.max_requests_per_connection < 1:
         print("hedgerow: --max-requests-per-connection must be at least 1", file=sys.stderr)
         return 1
-    from gateway.h2_budget import parse_h2_limits
+    from gateway.edge.h2_budget import parse_h2_limits
     if not 0 < args.tls_ticket_rotation_s < float("inf"):
         print("hedgerow: --tls-ticket-rotation-s must be a positive number", file=sys.stderr)
         return 1
@@ -709,7 +709,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         print(f"hedgerow: --h2-limit: {error}", file=sys.stderr)
         return 1
 
-    from gateway.access_log import configure_access_log
+    from gateway.admin.access_log import configure_access_log
 
     try:
         configure_access_log(args.access_log)

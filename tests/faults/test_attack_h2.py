@@ -24,7 +24,7 @@ from hyperframe.frame import Frame
 
 from bench.attacks import (ATTACK_TIMEOUT_S, AttackOutcome, GoodClientRun, flood,
                            good_client_during, good_client_while, window_update_flood)
-from gateway.h2_budget import H2Limits
+from gateway.edge.h2_budget import H2Limits
 from tests.support.h2raw import RawH2, ServerSaid
 from tests.support.stack import Stack
 from tests.support.streams import metric

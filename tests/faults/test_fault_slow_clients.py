@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.transport import KEEP_ALIVE_TIMEOUT_S, MAX_HEADER_BYTES, TLS_HANDSHAKE_TIMEOUT_S
+from gateway.edge.transport import KEEP_ALIVE_TIMEOUT_S, MAX_HEADER_BYTES, TLS_HANDSHAKE_TIMEOUT_S
 from tests.support.stack import Stack
 from tests.support.streams import MODEL, chat_body, client
 

@@ -9,10 +9,10 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from gateway import embed_route
-from gateway.http1 import ConnectFailed
-from gateway.upstream import WorkerClient
-from gateway.worker_mock import MockReply, MockTransport, WorkerRequest
+from gateway.corridor import embed_route
+from gateway.upstream.http1 import ConnectFailed
+from gateway.upstream.client import WorkerClient
+from tests.support.worker_mock import MockReply, MockTransport, WorkerRequest
 from hedgerow.errors import UpstreamFailed, UpstreamRejected
 from hedgerow.wire import (
     RegistrySnapshot,

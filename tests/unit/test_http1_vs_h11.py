@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.http1 import (MAX_CHUNK_LINE_BYTES, MAX_HEAD_BYTES, MAX_TRAILER_BYTES,
+from gateway.upstream.http1 import (MAX_CHUNK_LINE_BYTES, MAX_HEAD_BYTES, MAX_TRAILER_BYTES,
                            ChunkedBody, ConnectionBroken, HttpError, ProtocolError, body_framing,
                            parse_head)
 

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.devcert import DevCertificate, ensure_dev_certificate
-from gateway.ticket_keys import TicketKeyRing, install_ticket_keys
+from gateway.edge.devcert import DevCertificate, ensure_dev_certificate
+from gateway.edge.ticket_keys import TicketKeyRing, install_ticket_keys
 
 PERIOD = 100.0
 

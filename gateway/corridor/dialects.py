@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from gateway.relay import HEARTBEAT
+from gateway.corridor.relay import HEARTBEAT
 from hedgerow import anthropic_api
 from hedgerow import openai_api as oa
 from hedgerow.anthropic_reply import MessageStream, message_of

@@ -29,10 +29,10 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream as Receiver
 from anyio.streams.memory import MemoryObjectSendStream as Sender
 
-from gateway.attempt import Attempt, UpstreamCall, start_attempt
-from gateway.scheduler import Scheduler
-from gateway.tickets import Outcome, Requeued, Ticket
-from gateway.upstream import WorkerClient
+from gateway.corridor.attempt import Attempt, UpstreamCall, start_attempt
+from gateway.corridor.scheduler import Scheduler
+from gateway.corridor.tickets import Outcome, Requeued, Ticket
+from gateway.upstream.client import WorkerClient
 from hedgerow import tracing
 from hedgerow.tracing import AttributeValue
 from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed, UpstreamRejected

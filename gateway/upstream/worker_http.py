@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 from hedgerow.trust.credentials import TlsContexts
 from hedgerow.trust.identity import identity_of_der
-from gateway.http1 import (ChunkedBody, CloseDelimitedBody, ConnectFailed, ConnectionBroken,
+from gateway.upstream.http1 import (ChunkedBody, CloseDelimitedBody, ConnectFailed, ConnectionBroken,
                            ConnectTimeout, HttpError, LengthBody, PoolTimeout, ReadTimeout,
                            ResponseHead, WriteTimeout, body_framing, parse_head)
 

@@ -28,7 +28,7 @@ from typing import Protocol
 
 import anyio
 
-from gateway.usage_metrics import Price, Usage, policy_prices
+from gateway.admin.usage_metrics import Price, Usage, policy_prices
 from hedgerow.errors import BudgetExceeded, RateLimited
 from policies.budget import BudgetLedger, BudgetLine, Spend, budget_lines
 from policies.keys import Keyring, check_model_allowed

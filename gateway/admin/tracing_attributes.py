@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.metrics import RequestMetrics
+from gateway.admin.metrics import RequestMetrics
 from hedgerow import tracing
 from hedgerow.tracing import AttributeValue
 

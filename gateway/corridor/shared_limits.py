@@ -48,7 +48,7 @@ import anyio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.tickets import Ticket
+from gateway.corridor.tickets import Ticket
 from hedgerow.redis_conn import RedisTls, open_redis
 from policies.admission import Refused
 from policies.schema import Policy, TenantLimits

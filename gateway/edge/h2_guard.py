@@ -61,7 +61,7 @@ from hypercorn.events import Closed, RawData
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
 
-from gateway.h2_budget import VERDICTS, H2Budget, H2Limits
+from gateway.edge.h2_budget import VERDICTS, H2Budget, H2Limits
 
 _log = logging.getLogger("hedgerow.gateway")
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import anyio
 
-from gateway.scheduler import Scheduler
-from gateway.shared_limits import SharedRequestLimits, add_shared_counters
-from gateway.tickets import Submitted, Ticket
+from gateway.corridor.scheduler import Scheduler
+from gateway.corridor.shared_limits import SharedRequestLimits, add_shared_counters
+from gateway.corridor.tickets import Submitted, Ticket
 from hedgerow.actors import RestartPolicy
 from policies.admission import Refused
 from policies.schema import Policy

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
-    from gateway.metrics import RequestMetrics
+    from gateway.admin.metrics import RequestMetrics
 
 LOGGER = "hedgerow.access"
 OFF, STDERR = "off", "stderr"

@@ -19,8 +19,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol
 
-from gateway.http1 import HttpError, HttpTimeout, ProtocolError
-from gateway.worker_http import HttpPool, PoolLimits
+from gateway.upstream.http1 import HttpError, HttpTimeout, ProtocolError
+from gateway.upstream.worker_http import HttpPool, PoolLimits
 from hedgerow.errors import HedgerowError, UpstreamFailed, UpstreamRejected
 from hedgerow.trust.credentials import TlsContexts
 from hedgerow.trust.identity import Identity, IdentityError

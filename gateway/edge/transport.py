@@ -50,19 +50,19 @@ from hypercorn.events import Closed
 from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
-from gateway.cert_reload import (ACTIVE_CERTIFICATES, CertificateReloader,
+from gateway.edge.cert_reload import (ACTIVE_CERTIFICATES, CertificateReloader,
                                  install_quic_certificate_registry, register_tls_context)
 from hedgerow.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
-from gateway.h2_budget import H2Limits
-from gateway.h2_guard import install_h2_guard
-from gateway.quic_admission import QuicFrontDoor, QuicLimits
-from gateway.quic_cap import (ACTIVE_QUIC_DOOR, BoundedQuicConnection, install_quic_cap,
+from gateway.edge.h2_budget import H2Limits
+from gateway.edge.h2_guard import install_h2_guard
+from gateway.edge.quic_admission import QuicFrontDoor, QuicLimits
+from gateway.edge.quic_cap import (ACTIVE_QUIC_DOOR, BoundedQuicConnection, install_quic_cap,
                               screen_datagram)
-from gateway.write_coalescing import install_write_coalescing
+from gateway.edge.write_coalescing import install_write_coalescing
 from hedgerow.hypercorn_eof import install_eof_fix
 from hedgerow.decimal_text import parse_decimal
-from gateway.quic_tickets import QuicTicketStore
-from gateway.ticket_keys import DEFAULT_ROTATION_S, TicketKeyRing, install_ticket_keys
+from gateway.edge.quic_tickets import QuicTicketStore
+from gateway.edge.ticket_keys import DEFAULT_ROTATION_S, TicketKeyRing, install_ticket_keys
 
 __all__ = [
     "QUIC_SESSION_TICKETS",

@@ -97,7 +97,7 @@ from hypercorn.protocol.h3 import H3Protocol
 from hypercorn.protocol.quic import QuicProtocol, _Connection
 
 from hedgerow.connection_cap import log_refusals
-from gateway.quic_admission import Address, QuicFrontDoor, QuicLimits, Verdict
+from gateway.edge.quic_admission import Address, QuicFrontDoor, QuicLimits, Verdict
 
 log = logging.getLogger("hedgerow.gateway.quic")
 

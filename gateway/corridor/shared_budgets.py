@@ -25,7 +25,7 @@ import anyio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.key_gate import LocalBudgets
+from gateway.corridor.key_gate import LocalBudgets
 from hedgerow.errors import BudgetExceeded
 from policies.budget import BudgetLine, Spend, first_refusal
 

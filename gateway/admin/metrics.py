@@ -79,7 +79,7 @@ from hedgerow.metrics import (
     HistogramSeries,
     render,
 )
-from gateway.usage_metrics import Finished, Price, Usage, UsageMetrics
+from gateway.admin.usage_metrics import Finished, Price, Usage, UsageMetrics
 from hedgerow.wire import RegistrySnapshot
 
 BREAKER_STATES = ("closed", "half_open", "open")

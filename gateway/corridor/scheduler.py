@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.tickets import (
+from gateway.corridor.tickets import (
     QUEUED,
     REQUEUED,
     Assigned,

@@ -27,8 +27,8 @@ from typing import Any
 import anyio
 import orjson
 
-from gateway.attempt import UpstreamCall, external_request, request_url
-from gateway.upstream import WorkerClient
+from gateway.corridor.attempt import UpstreamCall, external_request, request_url
+from gateway.upstream.client import WorkerClient
 from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed
 from hedgerow.wire import RegistrySnapshot, WorkerRecord
 

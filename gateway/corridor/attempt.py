@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import orjson
 
-from gateway.upstream import WorkerClient, WorkerResponse
+from gateway.upstream.client import WorkerClient, WorkerResponse
 from hedgerow.endpoints import BadEndpoint, Endpoint, parse_endpoint
 from hedgerow import tracing
 from hedgerow.errors import UpstreamFailed

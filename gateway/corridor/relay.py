@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import anyio
 import orjson
 
-from gateway.stream_log import ReaderOverrun, StreamLog
+from gateway.corridor.stream_log import ReaderOverrun, StreamLog
 from hedgerow import openai_api as oa
 from hedgerow.asgi import Request, sse_event
 from hedgerow.completion_fold import CompletionFold, FoldError

@@ -21,12 +21,12 @@ from typing import Protocol
 
 import anyio
 
-from gateway.attempt import Attempt, UpstreamCall, upstream_chunk
-from gateway.dispatch import Dispatcher
-from gateway.relay import RelayOutcome, observe_chunk
-from gateway.stream_log import EventKind, StreamLog
-from gateway.scheduling import SchedulerDoor
-from gateway.tickets import Outcome, Ticket
+from gateway.corridor.attempt import Attempt, UpstreamCall, upstream_chunk
+from gateway.corridor.dispatch import Dispatcher
+from gateway.corridor.relay import RelayOutcome, observe_chunk
+from gateway.corridor.stream_log import EventKind, StreamLog
+from gateway.corridor.scheduling import SchedulerDoor
+from gateway.corridor.tickets import Outcome, Ticket
 from hedgerow import openai_api as oa
 from hedgerow import tracing
 from hedgerow.asgi import sse_event

@@ -17,7 +17,7 @@ import ssl
 import anyio
 import httpx
 
-from gateway.key_gate import KeyGate
+from gateway.corridor.key_gate import KeyGate
 
 log = logging.getLogger("hedgerow.gateway.keys")
 
