@@ -3,14 +3,14 @@
 Request path: identify the tenant, read the body within the policy's limit,
 validate, resolve the model, and build a ``Ticket`` (class deadline, token
 estimate, route preferences). The scheduler, called directly through its
-door (``gateway.scheduling``), admits it or refuses it at once (429/503,
+door (``gateway.corridor.scheduling``), admits it or refuses it at once (429/503,
 never touching a worker), then assigns it a worker slot in deadline order; the dispatcher gets its first token (retrying or hedging as
 needed); the relay streams the rest. A client that goes away cancels all of
 it, which stops the generation upstream.
 
 This app is the public port: the client API, the chat page, ``/healthz`` and
 ``/readyz``, nothing else. Metrics (``render_metrics``) are served by the
-admin listener (``gateway.admin``). Until a policy is in force
+admin listener (``gateway.admin.api``). Until a policy is in force
 (``awaiting_policy``: following the control plane, none received yet) every
 client API route answers 503 ``policy_unavailable`` rather than serve under a
 built-in default the operator never chose.
@@ -235,7 +235,7 @@ class GatewayApp:
 
     async def _embed(self, request: Request, observed: RequestMetrics) -> None:
         """Admitted like a completion (tenant, body limits, requests/s), then
-        answered by the cache's embedder (``gateway.embeddings``)."""
+        answered by the cache's embedder (``gateway.corridor.embeddings``)."""
         if self.drain.draining:
             raise GatewayDraining("this gateway is shutting down; retry", retry_after=1)
         policy = self.policy
@@ -275,7 +275,7 @@ class GatewayApp:
     async def _embed_elsewhere(self, request: Request, observed: RequestMetrics,
                                identity: Identity, policy: Policy,
                                request_json: dict[str, Any]) -> None:
-        """A model a worker or upstream offers for embeddings (``gateway.embed_route``):
+        """A model a worker or upstream offers for embeddings (``gateway.corridor.embed_route``):
         the same admission, then forwarded, retried on another if one fails."""
         requested = str(request_json["model"])
         model = policy.canonical_model(requested)
@@ -315,7 +315,7 @@ class GatewayApp:
 
     async def messages(self, request: Request) -> None:
         """Anthropic's Messages API: the chat path, its request translated on the
-        way in and its answer on the way out (``gateway.dialects``)."""
+        way in and its answer on the way out (``gateway.corridor.dialects``)."""
         request.send = AnthropicSend(request)
         await self._complete(request, ANTHROPIC_MESSAGES)
 

@@ -77,11 +77,11 @@ class GatewayOptions:
     # This gateway's PoP: routing prefers workers labelled pop=<it> (policies.locality).
     pop: str | None = None
     # Tenants' requests/s and tokens/min limits shared with every gateway on this Redis
-    # (``gateway.shared_limits``), and the response cache. None: each gateway on
+    # (``gateway.corridor.shared_limits``), and the response cache. None: each gateway on
     # its own. Kept out of repr: the URL may carry the ACL user's password.
     redis_url: str | None = field(default=None, repr=False)
     redis_tls: RedisTls = RedisTls()
-    # The admin API (cache purge, stats; ``gateway.admin``) on its own plain
+    # The admin API (cache purge, stats; ``gateway.admin.api``) on its own plain
     # HTTP listener. None: not served. Without a token: loopback only.
     admin_port: int | None = None
     admin_host: str = "127.0.0.1"
@@ -93,7 +93,7 @@ class GatewayOptions:
     # QUIC handshakes (Retry, half-open caps, timeout) and HTTP/3 header bounds.
     quic: QuicLimits = QuicLimits()
     # Requests per connection (then HTTP/2 drains gracefully) and the
-    # per-connection HTTP/2 flood budgets (``gateway.h2_budget``).
+    # per-connection HTTP/2 flood budgets (``gateway.edge.h2_budget``).
     max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION
     h2_limits: H2Limits = H2Limits()
     # Per client IP and /24 (IPv6: /64), checked at accept before the cap above:

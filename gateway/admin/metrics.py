@@ -57,7 +57,7 @@ gateway holds), ``hedgerow_slots{worker}`` (slots each registered worker
 offers) and ``hedgerow_hedge_budget``. (The ``hedgerow_worker_*`` series are
 the workers' own, on their ``/metrics``.)
 
-Usage per tenant and the OpenTelemetry GenAI names: ``gateway.usage_metrics``.
+Usage per tenant and the OpenTelemetry GenAI names: ``gateway.admin.usage_metrics``.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ class GatewayMetrics:
 
 class RequestMetrics:
     """One completion request's timings and outcome (monotonic seconds), and what
-    its access log line says (``gateway.access_log``)."""
+    its access log line says (``gateway.admin.access_log``)."""
 
     def __init__(self, metrics: GatewayMetrics, arrived: float) -> None:
         self._metrics = metrics

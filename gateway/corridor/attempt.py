@@ -7,7 +7,7 @@ raced by a hedge without the client noticing. A worker's 400, 413 or 422
 (``UpstreamRejected``: the client's own mistake) is not retried; any other
 non-200 answer, an error event or an event that is no completion chunk fails
 the attempt (``UpstreamFailed``), so it is retried on another worker. None of
-them carries the worker's own words to the client (``gateway.upstream``).
+them carries the worker's own words to the client (``gateway.upstream.client``).
 
 The request URL is rebuilt from the registered URL's parts
 (``hedgerow.endpoints``), never by gluing a path onto what a worker sent.

@@ -1,7 +1,7 @@
 """``POST /v1/embeddings`` for a model a worker or an external upstream offers.
 
 A registration (or an upstream's policy entry) lists such models in
-``embedding_models``; the gateway's own model (``gateway.embeddings``) is
+``embedding_models``; the gateway's own model (``gateway.corridor.embeddings``) is
 answered locally and never forwarded. Embeddings are one short request and one
 JSON answer, so they skip the chat scheduler's slots and queue: admission is
 the tenant's (key, body limit, requests/s, checked by the caller) and each
@@ -12,7 +12,7 @@ loaded first. ``forward`` tries them in that order: a failure before the
 answer (unreachable, timeout, a 5xx, a body that is no embeddings list) moves
 on to the next, at most ``retries.before_first_token`` times; a 400/413/422
 is the client's own mistake and is not retried. Errors are mapped as chat's
-(``gateway.upstream``): the client never sees an upstream's words or address.
+(``gateway.upstream.client``): the client never sees an upstream's words or address.
 The answer is relayed as the upstream sent it, with ``model`` set back to the
 name the client asked for (an upstream may know it by another, ``model_map``).
 """

@@ -3,7 +3,7 @@
 The generation is admitted by the scheduler, gets its first token from the
 dispatcher (retries and hedges included), then appends each worker event to
 the log, classified (token, usage, done, error). Clients follow the log (see
-``gateway.relay.follow_log``), so the generation neither waits for a slow
+``gateway.corridor.relay.follow_log``), so the generation neither waits for a slow
 reader nor dies with a client whose connection dropped: it runs on while
 someone reads it or may come back (``StreamLog.abandoned``).
 
@@ -144,7 +144,7 @@ def _worker(attempt: Attempt) -> dict[str, tracing.AttributeValue] | None:
 def classify(event: SseEvent, outcome: RelayOutcome) -> EventKind:
     """What one worker event is, noting usage, text and the end in ``outcome``;
     UpstreamFailed for an error event or one that is no completion chunk
-    (``gateway.attempt.upstream_chunk``): the gateway writes its own error event."""
+    (``gateway.corridor.attempt.upstream_chunk``): the gateway writes its own error event."""
     chunk = upstream_chunk(event)
     if chunk is None:
         outcome.complete = True

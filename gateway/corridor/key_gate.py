@@ -7,14 +7,14 @@ requests/s and tokens/min, then every tenant and key budget reserved) and
 ``settle`` when the request has ended (budgets and the key's tokens bucket
 corrected with the usage the worker reported). The decisions are sans-IO in
 ``policies.keys``, ``policies.tenancy`` and ``policies.budget``; this module
-holds the state: the key secret (``gateway.key_secret`` fetches it), the
+holds the state: the key secret (``gateway.followers.key_secret`` fetches it), the
 keyring of the policy in force, the per-key buckets and the open reservations.
 
 Per-key rates are this gateway's own token buckets (like a tenant's local
 buckets) and, with ``--redis``, the same buckets in Redis for all gateways
-(``shared_rates``: ``gateway.shared_limits``, checked first). Budgets go
+(``shared_rates``: ``gateway.corridor.shared_limits``, checked first). Budgets go
 through ``budgets``: this gateway's ``LocalBudgets`` or, with ``--redis``,
-``gateway.shared_budgets`` for all gateways.
+``gateway.corridor.shared_budgets`` for all gateways.
 """
 
 from __future__ import annotations
@@ -103,9 +103,9 @@ class KeyGate:
     # Wall clock (epoch seconds): expiries and budget windows are calendar times;
     # the key buckets use it too (a clock stepping back only pauses their refill).
     clock: Callable[[], float] = time.time
-    # The cluster's key secret (None until ``gateway.key_secret`` has it).
+    # The cluster's key secret (None until ``gateway.followers.key_secret`` has it).
     secret: bytes | None = None
-    # A key's rates across gateways (``gateway.shared_limits``); None: this gateway's only.
+    # A key's rates across gateways (``gateway.corridor.shared_limits``); None: this gateway's only.
     shared_rates: SharedKeyRates | None = None
     _keyring: tuple[Policy, bytes, Keyring] | None = field(default=None, init=False)
     _buckets: OrderedDict[str, _KeyBuckets] = field(default_factory=OrderedDict, init=False)

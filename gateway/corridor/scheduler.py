@@ -14,7 +14,7 @@ no free worker goes back into the queue with its due time and deadline, and
 is next assigned to a worker it has not tried
 (``policies.scoring.retry_exclusions``). ``tick(now)`` sheds queued tickets
 past their deadline and dispatches what the registry's changes made room for;
-a small clock task drives it (``gateway.scheduling.SchedulerClock``). That
+a small clock task drives it (``gateway.corridor.scheduling.SchedulerClock``). That
 task can crash and be restarted without loss: the queues live here, not in
 it. The decisions themselves are the sans-IO policies in ``policies/``; this
 module only feeds them events and carries out their answers. It does no I/O

@@ -1,12 +1,12 @@
 """The scheduler's two ways in: the request path's door, and the clock task.
 
-The scheduler (``gateway.scheduler.Scheduler``) is a plain object that does
+The scheduler (``gateway.corridor.scheduler.Scheduler``) is a plain object that does
 no I/O; this module holds the little that does:
 
 - ``SchedulerDoor`` is what a request calls. Without shared limits each call
   is one synchronous call into the scheduler (the ``async def`` never
   suspends). With ``--redis`` the tenant's shared requests/s and tokens/min
-  (``gateway.shared_limits``) are taken first, which awaits Redis, then the
+  (``gateway.corridor.shared_limits``) are taken first, which awaits Redis, then the
   scheduler's own admission decides, as before.
 - ``SchedulerClock`` calls ``scheduler.tick(now)`` every ``interval_s``:
   queued requests past their deadline are shed, and queued ones dispatched

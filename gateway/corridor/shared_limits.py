@@ -29,7 +29,7 @@ live gateway renews for as long as each stream runs (minutes) and that
 expire when it dies, or a crashed gateway would hold its tenants' slots
 forever; see docs/operations.md.
 
-``gateway.scheduling.SchedulerDoor`` puts the check in front of the
+``gateway.corridor.scheduling.SchedulerDoor`` puts the check in front of the
 scheduler: a ``submit`` refused here gets the same ``Refused`` (429
 ``requests_rate`` or ``tokens_rate``) the scheduler's own admission would,
 and ``ticket_done`` settles here too.
@@ -184,7 +184,7 @@ class SharedRequestLimits:
 
     async def take_key(self, key_id: str, requests_per_s: float | None,
                        tokens_per_min: float | None, tokens: float) -> tuple[str, float] | None:
-        """A virtual key's own requests/s and tokens/min (``gateway.key_gate``), in the
+        """A virtual key's own requests/s and tokens/min (``gateway.corridor.key_gate``), in the
         same script as a tenant's. None: granted, or Redis is down (the gateway's own
         key buckets still apply); else what refused (``requests``/``tokens``) and the wait."""
         if self.clock() < self._down_until:

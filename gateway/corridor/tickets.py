@@ -3,7 +3,7 @@
 A ``Ticket`` is one admitted request from admission until its last attempt
 ends; its ``assignment`` is the one-shot through which the scheduler hands it
 a worker (or the reason it never will): the only thing a queued request awaits.
-The answers are what the scheduler's calls return (``gateway.scheduler``).
+The answers are what the scheduler's calls return (``gateway.corridor.scheduler``).
 """
 
 from __future__ import annotations

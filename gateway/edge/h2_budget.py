@@ -2,7 +2,7 @@
 
 One ``H2Budget`` per HTTP/2 connection is fed what the client sent, one
 read (an "I/O cycle") at a time, and answers with the name of the budget the
-client overspent, or None. The adapter (``gateway.h2_guard``) then sends
+client overspent, or None. The adapter (``gateway.edge.h2_guard``) then sends
 GOAWAY (ENHANCE_YOUR_CALM) and closes the connection, as nginx and Envoy do.
 
 The attacks and what answers each (defaults in ``H2Limits``):

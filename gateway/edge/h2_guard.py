@@ -27,7 +27,7 @@ open with RST_STREAM (NO_ERROR), which promises nothing, so clients report a
 failure. The guard refuses such a stream with REFUSED_STREAM instead (RFC
 9113, 8.7: not processed, safe to retry), and advertises no more streams.
 
-Each connection also spends from an ``H2Budget`` (``gateway.h2_budget``):
+Each connection also spends from an ``H2Budget`` (``gateway.edge.h2_budget``):
 streams, client resets, PINGs, SETTINGS and empty frames, counted one read
 at a time; WINDOW_UPDATE frames against the DATA frames sent; RST_STREAM
 frames h2 answers protocol errors with. h2 drops a WINDOW_UPDATE for a

@@ -41,7 +41,7 @@ bounds what a source with a proven address can hold in handshakes.
 Tokens are AES-GCM sealed (key per process, never stored), bound to the
 client's IP and port and the connection ids of the exchange, and expire after
 ``token_lifetime_s``. The I/O (sending, timers, hypercorn) lives in
-``gateway.quic_cap``.
+``gateway.edge.quic_cap``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ for every Initial packet with an unknown destination connection id, without
 limit, never sends a Retry, and lets a half-open connection sit for aioquic's
 60 s idle timeout; aioquic's ``H3Connection`` buffers a HEADERS frame of any
 declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
-(decisions in ``gateway.quic_admission``, sans-IO):
+(decisions in ``gateway.edge.quic_admission``, sans-IO):
 
 1. ``screen_datagram``, called from the UDP server's ``datagram_received``
    before hypercorn's 10-slot packet queue: an Initial for an unknown
@@ -29,7 +29,7 @@ declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
    payload is buffered; the request answered 431 on its stream, the
    connection closed only when a client keeps doing it), QPACK table and
    blocked-streams limits.
-5. Connections are ``BoundedQuicConnection``s (``gateway.transport`` builds
+5. Connections are ``BoundedQuicConnection``s (``gateway.edge.transport`` builds
    hypercorn's ``QuicConnection`` on it): flow-control windows that move
    with the data delivered, not double with the data received.
 6. ``hypercorn.protocol.h3.H3Protocol.handle`` is ``guarded_h3_handle``.
@@ -102,7 +102,7 @@ from gateway.edge.quic_admission import Address, QuicFrontDoor, QuicLimits, Verd
 log = logging.getLogger("hedgerow.gateway.quic")
 
 ASSUMED_VERSIONS = {"hypercorn": "0.18.0", "aioquic": "1.7.2"}
-# The front door in force, set by ``gateway.transport.serve`` (a context
+# The front door in force, set by ``gateway.edge.transport.serve`` (a context
 # variable, like ``ACTIVE_CAP``: hypercorn's UDP tasks inherit it).
 ACTIVE_QUIC_DOOR: ContextVar[QuicFrontDoor | None] = ContextVar("quic_door", default=None)
 
@@ -353,7 +353,7 @@ def install_quic_cap() -> None:
         return
     for package, assumed in ASSUMED_VERSIONS.items():
         if version(package) != assumed:
-            log.warning("gateway.quic_cap was written against %s %s, found %s: the "
+            log.warning("gateway.edge.quic_cap was written against %s %s, found %s: the "
                         "QUIC front door's patches may not fit it", package, assumed,
                         version(package))
     # What the patches reach into: fail at start, not on the first packet.
@@ -369,7 +369,7 @@ def install_quic_cap() -> None:
         (QuicConnection, "_on_max_stream_data_delivery"),
     ) if not hasattr(owner, name)]
     if missing:
-        raise RuntimeError(f"gateway.quic_cap cannot patch this hypercorn/aioquic: no {missing}")
+        raise RuntimeError(f"gateway.edge.quic_cap cannot patch this hypercorn/aioquic: no {missing}")
     handle, handle_events = QuicProtocol.handle, QuicProtocol._handle_events
     setattr(QuicProtocol, _ORIGINAL, (handle, handle_events))
 
@@ -440,7 +440,7 @@ async def _open(protocol: Any, door: QuicFrontDoor, header: QuicHeader, event: R
                 original_cid: bytes, retry_cid: bytes | None, now: float) -> None:
     # hypercorn.protocol.quic.QuicProtocol.handle's own lines, with the ids
     # aioquic needs after a Retry. ``hypercorn.protocol.quic.QuicConnection``
-    # is looked up at call time: ``gateway.transport`` adds the ticket hooks.
+    # is looked up at call time: ``gateway.edge.transport`` adds the ticket hooks.
     quic = hypercorn.protocol.quic.QuicConnection(  # type: ignore[attr-defined]
         configuration=protocol.quic_config,
         original_destination_connection_id=original_cid,

@@ -9,7 +9,7 @@ return means a full handshake. This store holds those tickets:
 - expiry checked against an injected ``now`` (never read from a clock here);
 - rotated (``rotate_every(period)``): time is cut into periods of the UTC
   clock, and a ticket issued in one period resumes during it and the next,
-  not later -- the schedule TCP's ticket keys follow (``gateway.ticket_keys``),
+  not later -- the schedule TCP's ticket keys follow (``gateway.edge.ticket_keys``),
   so a resumption secret held here outlives at most one rotation;
 - single use: ``pop`` removes the ticket. RFC 8446 section 8.1 — a server
   that accepts each ticket at most once cannot be made to replay 0-RTT data

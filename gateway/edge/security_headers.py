@@ -6,7 +6,7 @@ errors and the chat page get them alike:
 - ``x-content-type-options: nosniff``: a JSON error or an SSE stream is never
   sniffed into something a browser would run.
 - ``referrer-policy: no-referrer``: the page's URL leaks nowhere.
-- ``content-security-policy``: the chat page (``gateway.page``) sets its own,
+- ``content-security-policy``: the chat page (``gateway.edge.page``) sets its own,
   which admits only its one inline script and style by their SHA-256 and
   ``connect-src 'self'``; every other response gets ``default-src 'none'``.
   Both say ``frame-ancestors 'none'`` (no clickjacking through a frame), as

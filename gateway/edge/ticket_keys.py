@@ -25,7 +25,7 @@ every ``period_s``:
   loaded here), and where a check fails nothing is installed: OpenSSL's own
   one key serves, as before, and a warning says so.
 
-QUIC tickets rotate on the same schedule (``gateway.quic_tickets``).
+QUIC tickets rotate on the same schedule (``gateway.edge.quic_tickets``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ that start on TCP can move to HTTP/3.
 
 Returning clients resume instead of repeating the full handshake: on TCP with
 TLS 1.3 (and 1.2) session tickets (OpenSSL issues two per connection), sealed
-under keys rotated every ``ticket_rotation_s`` (``gateway.ticket_keys``); on
+under keys rotated every ``ticket_rotation_s`` (``gateway.edge.ticket_keys``); on
 QUIC with tickets kept in ``QUIC_SESSION_TICKETS`` (see
 ``install_hypercorn_patches``), retired on the same schedule. Nagle is off
 (``TCP_NODELAY``) on the listening sockets and, through asyncio, on every
@@ -84,7 +84,7 @@ PORT_PICK_ATTEMPTS = 32
 ALT_SVC_MAX_AGE_S = 3600
 SHUTDOWN_NUDGE_INTERVAL_S = 0.05
 # Datagrams waiting for the QUIC protocol (hypercorn: 10); at most about
-# 256 x 1.5 KB. Initials to Retry or drop never wait here (gateway.quic_cap).
+# 256 x 1.5 KB. Initials to Retry or drop never wait here (gateway.edge.quic_cap).
 UDP_QUEUE_DATAGRAMS = 256
 
 # Bounds on what a slow or hostile client can hold (hypercorn 0.18 knobs):
@@ -97,7 +97,7 @@ KEEP_ALIVE_TIMEOUT_S = 5.0
 # - Requests per connection (nginx's keepalive_requests is 1000): HTTP/1.1
 #   answers the last with ``connection: close``; HTTP/2 drains gracefully
 #   (GOAWAY naming the last stream, streams in flight finish;
-#   ``gateway.h2_guard``). Per-connection HTTP/2 flood budgets: ``H2Limits``.
+#   ``gateway.edge.h2_guard``). Per-connection HTTP/2 flood budgets: ``H2Limits``.
 MAX_REQUESTS_PER_CONNECTION = 10_000
 # - Open TCP connections: a ``ConnectionCap`` passed to ``serve`` (gateway
 #   ``--max-connections``) closes the ones beyond it at accept, before TLS.
@@ -122,7 +122,7 @@ ShutdownTrigger = Callable[[], Awaitable[object]]
 
 class TlsConfig(Config):
     """Hypercorn's config with its TLS context repaired for a public edge, and
-    the HTTP/2 flood budgets ``gateway.h2_guard`` reads from it."""
+    the HTTP/2 flood budgets ``gateway.edge.h2_guard`` reads from it."""
 
     h2_limits: H2Limits = H2Limits()
 
@@ -219,12 +219,12 @@ async def serve(
     Reports the bound port through ``task_status``. With ``connection_cap``,
     TCP connections beyond its limit are closed at accept (``hedgerow.connection_cap``).
     ``quic_door`` bounds QUIC handshakes (Retry, half-open caps and timeout,
-    HTTP/3 header limits: ``gateway.quic_cap``); without one, a cap alone
+    HTTP/3 header limits: ``gateway.edge.quic_cap``); without one, a cap alone
     gets the default limits. Cancelling ``serve`` also
     drains gracefully (bounded by ``config.graceful_timeout``) before the
     cancellation propagates, so listeners are never abandoned half-open.
     With ``certificates``, the listeners' TLS and QUIC contexts are registered
-    with it, so it can load a renewed certificate into them (``gateway.cert_reload``).
+    with it, so it can load a renewed certificate into them (``gateway.edge.cert_reload``).
     A failure inside hypercorn (e.g. the app's lifespan startup) propagates
     wrapped in an ExceptionGroup, as from any anyio task group.
     """
@@ -393,7 +393,7 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
        ``session_ticket_handler`` (without which the server issues no ticket)
        or ``session_ticket_fetcher`` (without which it accepts none), so no
        HTTP/3 client could ever resume. The name is replaced by a partial that
-       adds both, built on ``gateway.quic_cap.BoundedQuicConnection`` (aioquic's
+       adds both, built on ``gateway.edge.quic_cap.BoundedQuicConnection`` (aioquic's
        class with bounded flow-control windows), so calls never stack.
     2. ``hypercorn/asyncio/run.py`` drops the datagram transport, which then
        never closes (pgjones/hypercorn#373), and ``UDPServer.run`` notices
@@ -402,21 +402,21 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
     3. HTTP/2 DATA arriving after a stream's response ended (a 413 before the
        body was read) crashed the connection; nothing bounded resets, pings,
        settings or empty frames; the request limit dropped streams in flight:
-       see ``gateway.h2_guard``.
+       see ``gateway.edge.h2_guard``.
     4. Nothing bounds how many TCP connections are open: the worker's
        ``asyncio`` is replaced by ``HypercornAsyncio``, whose ``start_server``
        applies the ``ConnectionCap`` given to ``serve`` (none given: unchanged).
     5. Every frame was its own TLS record and syscall: a connection's writes
-       now leave once per loop pass (``gateway.write_coalescing``).
+       now leave once per loop pass (``gateway.edge.write_coalescing``).
     6. A connection the client closed waited out its keep-alive timer
        (``hedgerow.hypercorn_eof``).
     7. QUIC connections were not bounded at all: they take slots of the same
        ``ConnectionCap``; half-open ones are capped (in all and per source)
        and time out, a Retry proves a client's address under load, and HTTP/3
-       header sections and QPACK state are bounded (``gateway.quic_cap``).
+       header sections and QPACK state are bounded (``gateway.edge.quic_cap``).
     8. The QUIC certificate was read once per listener, out of reach: each
        ``QuicProtocol``'s configuration is registered with the certificate
-       reloader in force (``gateway.cert_reload``).
+       reloader in force (``gateway.edge.cert_reload``).
     """
     install_h2_guard()
     install_write_coalescing()

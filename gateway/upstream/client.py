@@ -8,8 +8,8 @@ other status, and every transport failure, is ``UpstreamFailed`` (retryable on
 another worker, since nothing reached the client yet). Neither carries the
 upstream's body or address to the client: those go to the log, in ``detail``.
 
-The transport is ``gateway.worker_http.HttpPool`` (a lean HTTP/1.1 client: this
-is the gateway's hot path) or its in-memory twin ``gateway.worker_mock.MockTransport``.
+The transport is ``gateway.upstream.worker_http.HttpPool`` (a lean HTTP/1.1 client: this
+is the gateway's hot path) or its in-memory twin ``tests.support.worker_mock.MockTransport``.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class WorkerClient:
     def __init__(self, timeouts: Timeouts | None = None,
                  transport: WorkerTransport | None = None,
                  internal_tls: TlsContexts | None = None) -> None:
-        """``transport``: an in-memory twin (``gateway.worker_mock.MockTransport``) for tests."""
+        """``transport``: an in-memory twin (``tests.support.worker_mock.MockTransport``) for tests."""
         connect_s = timeouts.connect_ms / 1000 if timeouts else CONNECT_TIMEOUT_S
         # Bounds each read: the idle gap between tokens (and the wait for the head).
         idle_s = timeouts.idle_ms / 1000 if timeouts else IDLE_TIMEOUT_S

@@ -1,4 +1,4 @@
-"""HTTP/1.1 response framing, sans-IO: the parsing half of ``gateway.worker_http``.
+"""HTTP/1.1 response framing, sans-IO: the parsing half of ``gateway.upstream.worker_http``.
 
 Nothing here touches a socket. ``parse_head`` takes the buffered bytes of a
 response and returns its status line and headers once they are complete;
@@ -6,7 +6,7 @@ response and returns its status line and headers once they are complete;
 the body decoders take the connection's receive buffer, consume what they can
 use, and return the payload bytes. Limits are enforced here so a misbehaving
 upstream cannot grow a buffer without bound; time bounds are the pool's
-(``gateway.worker_http``: a read-idle limit per read, the attempt's TTFT
+(``gateway.upstream.worker_http``: a read-idle limit per read, the attempt's TTFT
 deadline over the head; h11, being sans-IO too, has none of its own).
 
 Strictness: whatever h11 (0.16) refuses in a reply, this refuses too, and

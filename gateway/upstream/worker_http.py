@@ -4,7 +4,7 @@ httpx was most of the gateway's CPU on a streamed request (pool scans and a
 stack of wrappers around every chunk). This client does only what that path
 needs: POST with a content-length body over a keep-alive connection, and a
 response body read straight out of an ``asyncio.Protocol``'s buffer and
-decoded by ``gateway.http1`` (sans-IO), one ``bytes`` per network read.
+decoded by ``gateway.upstream.http1`` (sans-IO), one ``bytes`` per network read.
 
 Pool rules (per origin — scheme, host, port): at most ``max_connections``
 open, at most ``max_idle`` kept idle, idle ones dropped after ``idle_expiry_s``.
@@ -21,7 +21,7 @@ never a DNS name, so a worker registered at another's address gets no
 traffic meant for that one. The identity is part of the pool key, and the
 check runs once per connection: the handshake is paid once, then amortised.
 
-Errors are ``gateway.http1.HttpError``s; ``gateway.upstream`` maps them once.
+Errors are ``gateway.upstream.http1.HttpError``s; ``gateway.upstream.client`` maps them once.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ connection. For each attack the test states the budget the abuser is cut
 within (GOAWAY ENHANCE_YOUR_CALM, or PROTOCOL_ERROR where h2 itself refuses
 the frame, then the connection closes) and the good client's latency budget
 measured while the attack runs. The budgets are the gateway's defaults
-(``gateway.h2_budget.H2Limits``), modelled on Envoy's and nginx's.
+(``gateway.edge.h2_budget.H2Limits``), modelled on Envoy's and nginx's.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A slowloris that trickles its request headers a byte at a time, and a client
 that opens TCP but never starts TLS, are both closed by the gateway within
-its bounds (``gateway/transport.py``: KEEP_ALIVE_TIMEOUT_S and
+its bounds (``gateway/edge/transport.py``: KEEP_ALIVE_TIMEOUT_S and
 TLS_HANDSHAKE_TIMEOUT_S); meanwhile ordinary clients are served at once.
 Oversized headers, or too many of them, get a 4xx, never a 5xx or a hang.
 """

@@ -2,7 +2,7 @@
 
 A real ``Scheduler`` over a registry of fake workers, its clock task under a
 real ``Supervisor``; a real ``Dispatcher`` talks to them through ``WorkerClient`` with a
-``gateway.worker_mock.MockTransport`` twin (``tests.support.fake_workers``) that streams
+``tests.support.worker_mock.MockTransport`` twin (``tests.support.fake_workers``) that streams
 OpenAI chunks with controlled delays and failures and records what reached
 each worker. ``Rig.serve`` does what the gateway app does for a streaming
 request (submit, first token, relay, report, ticket done), so each test

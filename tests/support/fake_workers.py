@@ -1,4 +1,4 @@
-"""In-memory workers behind a ``gateway.worker_mock.MockTransport``: the upstream twin.
+"""In-memory workers behind a ``tests.support.worker_mock.MockTransport``: the upstream twin.
 
 Each fake worker answers ``POST .../v1/chat/completions`` the way a real one
 streams (role chunk, content chunks, finish chunk, usage chunk, ``[DONE]``),

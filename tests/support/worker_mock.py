@@ -1,9 +1,9 @@
-"""The in-memory twin of ``gateway.worker_http.HttpPool``, for fast tests.
+"""The in-memory twin of ``gateway.upstream.worker_http.HttpPool``, for fast tests.
 
 Like ``httpx.MockTransport``: upstream behaviour is a small function from a
 ``WorkerRequest`` to a ``MockReply`` (status, headers, body as bytes or as a
 sync or async iterable of chunks). The handler may be sync or async, and may
-raise the client's own errors (``gateway.http1.ConnectFailed``, ...) to play a
+raise the client's own errors (``gateway.upstream.http1.ConnectFailed``, ...) to play a
 broken network; so may the body iterator, mid-stream.
 """
 
@@ -40,7 +40,7 @@ Handler = Callable[[WorkerRequest], MockReply | Awaitable[MockReply]]
 
 
 class MockResponse:
-    """Satisfies ``gateway.upstream.WorkerResponse``; closing it closes the body iterator."""
+    """Satisfies ``gateway.upstream.client.WorkerResponse``; closing it closes the body iterator."""
 
     def __init__(self, reply: MockReply) -> None:
         self.status = reply.status

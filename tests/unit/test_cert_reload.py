@@ -1,4 +1,4 @@
-"""When the certificate reloader reloads, and what it refuses (``gateway.cert_reload``)."""
+"""When the certificate reloader reloads, and what it refuses (``gateway.edge.cert_reload``)."""
 
 from __future__ import annotations
 

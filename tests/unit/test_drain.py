@@ -124,7 +124,7 @@ class _Attempt:
     worker_id: str = "w1"
     hedged: bool = False
     first_token_at: float = 0.0
-    span: Any = NO_SPAN  # as ``gateway.attempt.Attempt``: tracing off
+    span: Any = NO_SPAN  # as ``gateway.corridor.attempt.Attempt``: tracing off
     first: list[SseEvent] = field(default_factory=lambda: [SseEvent(
         data=TOKEN, raw=b"data: " + TOKEN.encode() + b"\n\n")])
 

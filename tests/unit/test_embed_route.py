@@ -1,4 +1,4 @@
-"""Forwarding ``POST /v1/embeddings`` (``gateway.embed_route``) and the
+"""Forwarding ``POST /v1/embeddings`` (``gateway.corridor.embed_route``) and the
 ``embedding_models`` a worker or upstream declares, with an in-memory transport."""
 
 from __future__ import annotations

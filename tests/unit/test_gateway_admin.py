@@ -1,4 +1,4 @@
-"""The gateway's admin API (``gateway.admin``) over an in-process cache, and the
+"""The gateway's admin API (``gateway.admin.api``) over an in-process cache, and the
 cache counters the gateway's /metrics exports."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The per-connection HTTP/2 budgets, decided without I/O (``gateway.h2_budget``)."""
+"""The per-connection HTTP/2 budgets, decided without I/O (``gateway.edge.h2_budget``)."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def test_metric_families() -> None:
 
 
 def test_the_guard_patches_the_versions_it_was_written_for() -> None:
-    # gateway/h2_guard.py wraps private methods of hypercorn's H2Protocol:
+    # gateway/edge/h2_guard.py wraps private methods of hypercorn's H2Protocol:
     # an upgrade must be re-read against it (and the attack tests rerun).
     from gateway.edge.h2_guard import H2_VERSION, HYPERCORN_VERSION
 

@@ -1,4 +1,4 @@
-"""The QUIC front door's decisions, sans-IO (``gateway.quic_admission``)."""
+"""The QUIC front door's decisions, sans-IO (``gateway.edge.quic_admission``)."""
 
 from __future__ import annotations
 

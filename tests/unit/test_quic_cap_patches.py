@@ -1,4 +1,4 @@
-"""The HTTP/3 bounds of ``gateway.quic_cap`` on aioquic's own state machines.
+"""The HTTP/3 bounds of ``gateway.edge.quic_cap`` on aioquic's own state machines.
 
 A client and a server ``QuicConnection`` exchange datagrams in memory (no
 sockets, an injected clock); the server speaks HTTP/3 through
