@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from control_plane.admin_auth import admin_bind_host
+from hedgerow.admin_token import admin_bind_host
 from gateway.admin.api import GatewayAdmin
 from gateway.app import GatewayApp
 from gateway.cache import ResponseCache

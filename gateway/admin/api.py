@@ -39,7 +39,7 @@ import httpx
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from control_plane.admin_auth import presents_token
+from hedgerow.admin_token import presents_token
 from hedgerow.asgi import Handler, Receive, Request, Router, Scope, Send, send_bytes, send_json
 from hedgerow.errors import AuthenticationFailed, InvalidRequest
 from hedgerow.metrics import CONTENT_TYPE

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from control_plane.admin_auth import LOOPBACK, admin_bind_host, read_admin_token
+from hedgerow.admin_token import LOOPBACK, admin_bind_host, read_admin_token
 from control_plane.upstream_api import parse_upstream
 from control_plane.upstreams import UpstreamBook, registration_for
 from gateway.corridor.attempt import UpstreamCall, external_request
