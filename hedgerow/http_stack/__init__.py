@@ -83,5 +83,5 @@ INVENTORY: dict[str, tuple[str, str]] = {
 def applied() -> dict[str, list[str]]:
     """What each installed patch changed, as ``{patch: ["Owner.attribute", ...]}``."""
     return {name: [f"{getattr(owner, '__name__', owner)}.{attribute}"
-                   for owner, attribute, _ in changes]
+                   for owner, attribute, _, _ in changes]
             for name, changes in APPLIED.items()}

@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-# patch name -> [(owner, attribute, original)], in the order applied.
-APPLIED: dict[str, list[tuple[Any, str, Any]]] = {}
+# patch name -> [(owner, attribute, what it resolved to, what the owner itself
+# held: _MISSING when inherited)], in the order applied.
+APPLIED: dict[str, list[tuple[Any, str, Any, Any]]] = {}
 _MISSING = object()
 
 
@@ -46,12 +47,12 @@ def require(owner: Any, *names: str, patch: str) -> None:
 
 
 def is_applied(patch: str, owner: Any, name: str) -> bool:
-    return any(o is owner and n == name for o, n, _ in APPLIED.get(patch, ()))
+    return any(o is owner and n == name for o, n, _, _ in APPLIED.get(patch, ()))
 
 
 def original(patch: str, owner: Any, name: str) -> Any:
     """What ``owner.name`` was before ``patch`` changed it."""
-    for o, n, value in APPLIED.get(patch, ()):
+    for o, n, value, _ in APPLIED.get(patch, ()):
         if o is owner and n == name:
             return value
     raise KeyError(f"{patch} has not changed {_owner_name(owner)}.{name}")
@@ -62,8 +63,8 @@ def replace(owner: Any, name: str, value: Any, *, patch: str) -> bool:
     require(owner, name, patch=patch)
     if is_applied(patch, owner, name):
         return False
-    before = vars(owner).get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
-    APPLIED.setdefault(patch, []).append((owner, name, before))
+    own = vars(owner).get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
+    APPLIED.setdefault(patch, []).append((owner, name, getattr(owner, name), own))
     setattr(owner, name, value)
     return True
 
@@ -86,8 +87,8 @@ def wrap(owner: Any, name: str, make: Callable[[Any], Any], *, patch: str) -> bo
 
 def undo(patch: str) -> None:
     """Put back what ``patch`` changed, latest first (for tests)."""
-    for owner, name, before in reversed(APPLIED.pop(patch, [])):
-        if before is _MISSING:
+    for owner, name, _, own in reversed(APPLIED.pop(patch, [])):
+        if own is _MISSING:
             delattr(owner, name)
         else:
-            setattr(owner, name, before)
+            setattr(owner, name, own)
