@@ -61,3 +61,24 @@ def test_the_cli_reports_a_refusal_without_a_traceback(
     with caplog.at_level(logging.ERROR, logger="hedgerow"):
         assert cli._run_reporting_setup_errors(run) == 1
     assert "cannot start: hypercorn 9 is installed" in caplog.text
+
+
+@pytest.mark.anyio
+async def test_every_role_checks_before_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A hypercorn other than the pinned one (as seen by the check): each role's
+    # entry refuses before it touches its options or binds anything.
+    import anyio
+
+    from control_plane.main import run_control_plane
+    from gateway.main import run_gateway
+    from hedgerow.http_stack import versions
+    from workers.main import run_worker
+
+    monkeypatch.setattr(versions, "PINNED", {**PINNED, "hypercorn": "0.0.1"})
+    monkeypatch.delenv(ESCAPE_HATCH, raising=False)
+    starts = (lambda: run_gateway(None, anyio.Event()),  # type: ignore[arg-type]
+              lambda: run_control_plane("127.0.0.1", 0, anyio.Event()),
+              lambda: run_worker(None, None, anyio.Event()))  # type: ignore[arg-type]
+    for start in starts:
+        with pytest.raises(UntestedHttpStack, match="hypercorn==0.0.1"):
+            await start()
