@@ -137,7 +137,7 @@ class BoundedH3Connection(H3Connection):
     for trailers, the connection is closed with H3_EXCESSIVE_LOAD.
     """
 
-    def _init_connection(self) -> None:
+    def _init_connection(self, *args: Any, **kwargs: Any) -> None:
         # Runs at the end of ``H3Connection.__init__``, before SETTINGS are
         # sent: the limits must be in place (and advertised) from the start.
         door = ACTIVE_QUIC_DOOR.get()
@@ -153,15 +153,15 @@ class BoundedH3Connection(H3Connection):
         self._max_table_capacity = limits.h3_qpack_table_bytes
         self._blocked_streams = limits.h3_qpack_blocked_streams if limits.h3_qpack_table_bytes else 0
         self._decoder = pylsqpack.Decoder(self._max_table_capacity, self._blocked_streams)
-        super()._init_connection()
+        super()._init_connection(*args, **kwargs)
 
-    def _get_local_settings(self) -> dict[int, int]:
-        settings = super()._get_local_settings()
+    def _get_local_settings(self, *args: Any, **kwargs: Any) -> dict[int, int]:
+        settings = super()._get_local_settings(*args, **kwargs)
         settings[Setting.MAX_FIELD_SECTION_SIZE] = self._hedgerow_max_field_section
         return settings
 
-    def handle_event(self, event: QuicEvent) -> list[H3Event]:
-        events = super().handle_event(event)
+    def handle_event(self, event: QuicEvent, *args: Any, **kwargs: Any) -> list[H3Event]:
+        events = super().handle_event(event, *args, **kwargs)
         # Answered here, outside aioquic's stream bookkeeping (its
         # ``_get_or_create_stream`` would forget the stream twice if the
         # answer ended it while a receive held it).
@@ -174,12 +174,14 @@ class BoundedH3Connection(H3Connection):
         return events
 
     def _receive_request_or_push_data(self, stream: H3Stream, data: bytes,
-                                      stream_ended: bool) -> list[H3Event]:
+                                      stream_ended: bool, *args: Any,
+                                      **kwargs: Any) -> list[H3Event]:
         if stream.stream_id in self._hedgerow_refused:
             return []  # answered 431: the rest of the request is dropped unread
         self._hedgerow_receiving = stream
         try:
-            return super()._receive_request_or_push_data(stream, data, stream_ended)
+            return super()._receive_request_or_push_data(stream, data, stream_ended,
+                                                         *args, **kwargs)
         except _RefuseRequest:
             self._hedgerow_refused.add(stream.stream_id)
             self._hedgerow_to_answer.append((stream.stream_id, not stream.receiving_ended))
@@ -188,14 +190,16 @@ class BoundedH3Connection(H3Connection):
         finally:
             self._hedgerow_receiving = None
 
-    def _check_request_or_push_frame_type(self, frame_type: int, stream: H3Stream) -> None:
-        super()._check_request_or_push_frame_type(frame_type, stream)
+    def _check_request_or_push_frame_type(self, frame_type: int, stream: H3Stream,
+                                          *args: Any, **kwargs: Any) -> None:
+        super()._check_request_or_push_frame_type(frame_type, stream, *args, **kwargs)
         if frame_type == FrameType.HEADERS and (stream.frame_size or 0) > self._hedgerow_max_field_section:
             self._over_limit(stream, f"HEADERS frame of {stream.frame_size} bytes is over "
                                      f"{self._hedgerow_max_field_section}")
 
-    def _decode_headers(self, stream_id: int, frame_data: bytes | None) -> list[tuple[bytes, bytes]]:
-        headers = super()._decode_headers(stream_id, frame_data)
+    def _decode_headers(self, stream_id: int, frame_data: bytes | None, *args: Any,
+                        **kwargs: Any) -> list[tuple[bytes, bytes]]:
+        headers = super()._decode_headers(stream_id, frame_data, *args, **kwargs)
         size = sum(len(name) + len(value) + 32 for name, value in headers)
         if size > self._hedgerow_max_field_section:
             self._over_limit(self._stream.get(stream_id), f"field section of {size} bytes is "
