@@ -43,6 +43,7 @@ from hedgerow.body_budget import DEFAULT_BODY_BUDGET_BYTES, BodyBudget
 from hedgerow.latest import LatestValue
 from hedgerow.redis_conn import RedisTls, check_redis, warm_up
 from hedgerow.serving import serve_internal
+from hedgerow.http_stack import check_versions
 from hedgerow.trust.peer import require_roles
 from hedgerow.trust.process import InternalTls
 from hedgerow.wire import RegistrySnapshot
@@ -124,6 +125,7 @@ async def run_gateway(
     *,
     task_status: TaskStatus[GatewayStarted] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
+    check_versions()  # the pinned hypercorn/aioquic/h2, or refuse to start
     # Following the control plane, the shipped default only builds the parts;
     # ``awaiting_policy`` keeps it from serving anyone until the first version.
     policy = load_policy(options.policy_path or DEFAULT_POLICY_PATH)

@@ -238,16 +238,19 @@ def _redis_tls(args: argparse.Namespace) -> RedisTls:
 
 
 def _run_reporting_setup_errors(run: Callable[[], None]) -> int:
-    """``run()``; a ``RedisSetupError`` (wrong CA, password, ACL) or a ``CaError`` (an
-    unusable CA or state directory) ends it with its message and exit status 1
-    rather than a traceback."""
+    """``run()``; a ``RedisSetupError`` (wrong CA, password, ACL), a ``CaError`` (an
+    unusable CA or state directory) or an ``UntestedHttpStack`` (a hypercorn,
+    aioquic or h2 other than the pinned one) ends it with its message and exit
+    status 1 rather than a traceback."""
+    from hedgerow.http_stack import UntestedHttpStack
     from hedgerow.redis_conn import RedisSetupError
     from hedgerow.trust.ca import CaError
 
     try:
         run()
-    except (RedisSetupError, CaError, BaseExceptionGroup) as error:
-        problem = (_setup_error(error, RedisSetupError) or _setup_error(error, CaError))
+    except (RedisSetupError, CaError, UntestedHttpStack, BaseExceptionGroup) as error:
+        problem = (_setup_error(error, RedisSetupError) or _setup_error(error, CaError)
+                   or _setup_error(error, UntestedHttpStack))
         if problem is None:
             raise
         logging.getLogger("hedgerow").error("cannot start: %s", problem)

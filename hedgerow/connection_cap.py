@@ -282,7 +282,7 @@ async def capped_start_server(callback: StreamCallback, host: Any = None, port: 
 
 class HypercornAsyncio:
     """The ``asyncio`` module as hypercorn's worker sees it: all of it, except that
-    ``start_server`` is ``capped_start_server`` (``transport.install_hypercorn_patches``)."""
+    ``start_server`` is ``capped_start_server`` (``hedgerow.http_stack.accept_loop``)."""
 
     start_server = staticmethod(capped_start_server)
 

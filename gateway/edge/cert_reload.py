@@ -26,7 +26,8 @@ How the contexts are found without forking hypercorn: ``serve`` puts the
 reloader in ``ACTIVE_CERTIFICATES`` (a context variable, like the connection
 cap); ``TlsConfig.create_ssl_context`` registers the TCP context it builds,
 and ``install_quic_certificate_registry`` registers each ``QuicProtocol``'s
-configuration (hypercorn 0.18.0 builds it in ``QuicProtocol.__init__``).
+configuration (hypercorn 0.18.0 builds it in ``QuicProtocol.__init__``;
+``hedgerow.http_stack.quic_certificates``).
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ import anyio
 from aioquic.quic.configuration import QuicConfiguration
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
-from hypercorn.protocol.quic import QuicProtocol
+
+from hedgerow.http_stack import quic_certificates
 
 log = logging.getLogger("hedgerow.gateway.certificates")
 
 DEFAULT_POLL_S = 5.0
-_ORIGINAL_INIT = "_hedgerow_unregistered_init"
 
 Stamp = tuple[int, int, int, int, int, int]  # (inode, size, mtime_ns) of the cert, then the key
 
@@ -211,16 +212,12 @@ def register_tls_context(context: ssl.SSLContext) -> None:
 
 
 def install_quic_certificate_registry() -> None:
-    """Let the reloader in force find each ``QuicProtocol``'s configuration; idempotent."""
-    if hasattr(QuicProtocol, _ORIGINAL_INIT):
-        return
-    original = QuicProtocol.__init__
-    setattr(QuicProtocol, _ORIGINAL_INIT, original)
+    """Let the reloader in force find each ``QuicProtocol``'s configuration
+    (``hedgerow.http_stack.quic_certificates``); idempotent."""
+    quic_certificates.install(_register_quic)
 
-    def registering_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        reloader = ACTIVE_CERTIFICATES.get()
-        if reloader is not None:
-            reloader.register_quic(self.quic_config)
 
-    QuicProtocol.__init__ = registering_init  # type: ignore[method-assign]
+def _register_quic(configuration: QuicConfiguration) -> None:
+    reloader = ACTIVE_CERTIFICATES.get()
+    if reloader is not None:
+        reloader.register_quic(configuration)

@@ -10,7 +10,8 @@ connection dies with an unhandled-exception traceback: the client never sees
 its 413, and every other stream on that connection is cut
 (pgjones/hypercorn#329; fixes proposed in #312, #334, #365, none released).
 
-``install_h2_guard`` wraps ``_handle_events``: DATA for a stream hypercorn no
+``install_h2_guard`` wraps ``_handle_events`` (where:
+``hedgerow.http_stack.h2_protocol``): DATA for a stream hypercorn no
 longer tracks is dropped, its bytes still credited to the connection's flow
 control window (so the connection never stalls); the client gets its 413 and
 the connection and its other streams live on. The stream is not reset: a
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import h2.events
@@ -56,20 +58,17 @@ from h2.errors import ErrorCodes
 from h2.exceptions import StreamClosedError
 from h2.settings import SettingCodes
 from h2.connection import H2Connection
-from hyperframe.frame import Frame, GoAwayFrame, RstStreamFrame, WindowUpdateFrame
+from hyperframe.frame import GoAwayFrame
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
 
 from gateway.edge.h2_budget import VERDICTS, H2Budget, H2Limits
+from hedgerow.http_stack import h2_protocol
+from hedgerow.http_stack.versions import PINNED
 
 _log = logging.getLogger("hedgerow.gateway")
 
-_ORIGINAL = "_hedgerow_unguarded_handle_events"
-_ORIGINAL_SEND = "_hedgerow_unguarded_stream_send"
-_ORIGINAL_CLOSE = "_hedgerow_unguarded_close_stream"
-_ORIGINAL_SEND_DATA = "_hedgerow_unguarded_send_data"
-_ORIGINAL_INITIATE = "_hedgerow_unguarded_initiate"
 _STATE = "_hedgerow_guard"
 DEFAULT_LIMITS = H2Limits()
 
@@ -123,81 +122,82 @@ class _Guard:
         self.parsing = False
 
 
-# The versions these patches were written and tested against (checked by
-# tests/unit/test_h2_budget.py): they wrap five methods of hypercorn's
-# H2Protocol, read h2's events and H2Connection, and wrap one entry of each
-# H2Connection's frame dispatch table and its ``send_data``.
-HYPERCORN_VERSION = "0.18.0"
-H2_VERSION = "4.4.1"
+# The versions these patches were written and tested against (pinned and
+# checked at start: ``hedgerow.http_stack.versions``).
+HYPERCORN_VERSION = PINNED["hypercorn"]
+H2_VERSION = PINNED["h2"]
 
 
 def install_h2_guard() -> None:
     """Wrap ``H2Protocol._handle_events``, ``stream_send``, ``_send_data``,
-    ``_close_stream`` and ``initiate`` in place (hypercorn ``HYPERCORN_VERSION``);
+    ``_close_stream`` and ``initiate`` (``hedgerow.http_stack.h2_protocol``);
     idempotent."""
-    if hasattr(H2Protocol, _ORIGINAL):
-        return
-    original = H2Protocol._handle_events
-    original_send = H2Protocol.stream_send
-    original_close = H2Protocol._close_stream
-    original_send_data = H2Protocol._send_data
-    original_initiate = H2Protocol.initiate
-    setattr(H2Protocol, _ORIGINAL, original)
-    setattr(H2Protocol, _ORIGINAL_SEND, original_send)
-    setattr(H2Protocol, _ORIGINAL_CLOSE, original_close)
-    setattr(H2Protocol, _ORIGINAL_SEND_DATA, original_send_data)
-    setattr(H2Protocol, _ORIGINAL_INITIATE, original_initiate)
 
-    async def initiate(self: H2Protocol, *args: Any, **kwargs: Any) -> None:
-        _guard(self)  # counting from the first byte the client sends
-        await original_initiate(self, *args, **kwargs)
+    def make_initiate(initiate: Callable[..., Any]) -> Callable[..., Any]:
+        async def guarded_initiate(self: H2Protocol, *args: Any, **kwargs: Any) -> None:
+            _guard(self)  # counting from the first byte the client sends
+            await initiate(self, *args, **kwargs)
+        return guarded_initiate
 
-    async def handle_events(self: H2Protocol, events: list[h2.events.Event]) -> None:
-        guard = _guard(self)
-        if guard.cut:
-            return
-        # The whole read is charged before any of it is acted on: h2 parsed
-        # it at once, so a reset in it arrived before any answer we would
-        # send while handling it (as Envoy, which handles a read in one go,
-        # sees it), and an abuser's last read starts no work at all.
-        verdict = _charge(guard, events, self.context.time())
-        if verdict is not None:
-            await _calm(self, guard, verdict)
-            return
-        # One at a time: a stream exists only once the RequestReceived before
-        # its DATA in the same batch has been handled.
-        reset = _reset_streams(events)
-        for event in events:
+    def make_handle_events(handle: Callable[..., Any]) -> Callable[..., Any]:
+        async def handle_events(self: H2Protocol, events: list[h2.events.Event],
+                                *args: Any, **kwargs: Any) -> None:
+            guard = _guard(self)
             if guard.cut:
-                return  # drained and closed
-            if _beyond_goaway(guard, event) or _stillborn(event, reset):
-                guard.budget.stream_closed(event.stream_id)  # type: ignore[attr-defined]
-            elif _refused_while_draining(self, event):
-                guard.budget.stream_closed(event.stream_id)  # type: ignore[attr-defined]
-                await original(self, [])  # flushes the RST_STREAM
-            elif not _late_data(self, event):
-                await original(self, [event])
-                if isinstance(event, h2.events.RequestReceived):
-                    await _drain_when_due(self, guard, event.stream_id)
+                return
+            # The whole read is charged before any of it is acted on: h2 parsed
+            # it at once, so a reset in it arrived before any answer we would
+            # send while handling it (as Envoy, which handles a read in one go,
+            # sees it), and an abuser's last read starts no work at all.
+            verdict = _charge(guard, events, self.context.time())
+            if verdict is not None:
+                await _calm(self, guard, verdict)
+                return
+            # One event at a time: a stream exists only once the RequestReceived
+            # before its DATA in the same read has been handled. Flushed once,
+            # at the end of the read, as hypercorn itself does.
+            reset = _reset_streams(events)
+            h2_protocol.hold_flushes(self)
+            try:
+                for event in events:
+                    if guard.cut:
+                        return  # drained and closed
+                    if _beyond_goaway(guard, event) or _stillborn(event, reset):
+                        guard.budget.stream_closed(event.stream_id)  # type: ignore[attr-defined]
+                    elif _refused_while_draining(self, event):
+                        guard.budget.stream_closed(event.stream_id)  # type: ignore[attr-defined]
+                    elif not _late_data(self, event):
+                        await handle(self, [event], *args, **kwargs)
+                        if isinstance(event, h2.events.RequestReceived):
+                            await _drain_when_due(self, guard, event.stream_id)
+            finally:
+                await h2_protocol.release_flushes(self)
+        return handle_events
 
-    async def stream_send(self: H2Protocol, event: Any) -> None:
-        await original_send(self, event)
-        if isinstance(event, StreamClosed):
+    def make_stream_send(stream_send: Callable[..., Any]) -> Callable[..., Any]:
+        async def guarded_stream_send(self: H2Protocol, event: Any, *args: Any,
+                                      **kwargs: Any) -> None:
+            await stream_send(self, event, *args, **kwargs)
+            if isinstance(event, StreamClosed):
+                await _close_if_drained(self)
+        return guarded_stream_send
+
+    def make_send_data(send_data: Callable[..., Any]) -> Callable[..., Any]:
+        async def guarded_send_data(self: H2Protocol, *args: Any, **kwargs: Any) -> None:
+            await send_data(self, *args, **kwargs)
             await _close_if_drained(self)
+        return guarded_send_data
 
-    async def send_data(self: H2Protocol, stream_id: int) -> None:
-        await original_send_data(self, stream_id)
-        await _close_if_drained(self)
+    def make_close_stream(close_stream: Callable[..., Any]) -> Callable[..., Any]:
+        async def guarded_close_stream(self: H2Protocol, stream_id: int, *args: Any,
+                                       **kwargs: Any) -> None:
+            _guard(self).budget.stream_closed(stream_id)
+            await close_stream(self, stream_id, *args, **kwargs)
+        return guarded_close_stream
 
-    async def close_stream(self: H2Protocol, stream_id: int) -> None:
-        _guard(self).budget.stream_closed(stream_id)
-        await original_close(self, stream_id)
-
-    H2Protocol._handle_events = handle_events  # type: ignore[method-assign]
-    H2Protocol.stream_send = stream_send  # type: ignore[method-assign]
-    H2Protocol._close_stream = close_stream  # type: ignore[method-assign]
-    H2Protocol._send_data = send_data  # type: ignore[method-assign]
-    H2Protocol.initiate = initiate  # type: ignore[method-assign]
+    h2_protocol.install(make_initiate=make_initiate, make_handle_events=make_handle_events,
+                        make_stream_send=make_stream_send, make_send_data=make_send_data,
+                        make_close_stream=make_close_stream)
 
 
 def _guard(protocol: Any) -> _Guard:
@@ -216,41 +216,17 @@ def _count_frames(connection: H2Connection, guard: _Guard) -> None:
     send, on this one connection. h2 drops a WINDOW_UPDATE for a closed
     stream without an event, and resets a stream the client keeps writing to
     after it closed without one either, so events alone would miss a flood
-    of them; its dispatch table is per instance (``H2Connection.__init__``)."""
-    table = connection._frame_dispatch_table
-    receive_window_update = table[WindowUpdateFrame]
-    send_data = connection.send_data
-    receive_data = connection.receive_data
-    prepare_for_sending = connection._prepare_for_sending
+    of them."""
 
-    def parsed(data: Any) -> list[h2.events.Event]:
-        guard.parsing = True
-        try:
-            return receive_data(data)
-        finally:
-            guard.parsing = False
-
-    def counted_prepare(frames: list[Frame]) -> None:
-        # While parsing, every frame h2 queues answers the client's bytes;
-        # a RST_STREAM there is one the client's protocol error cost us
-        # (our own resets, and hypercorn's, are sent outside ``receive_data``).
-        if guard.parsing:
-            guard.error_resets += sum(isinstance(f, RstStreamFrame) for f in frames)
-        prepare_for_sending(frames)
-
-    def counted_window_update(frame: WindowUpdateFrame) -> Any:
+    def window_update() -> None:
         guard.window_updates += 1  # charged with the read's events (``_charge``)
-        return receive_window_update(frame)
 
-    def counted_send_data(stream_id: int, data: bytes | memoryview, end_stream: bool = False,
-                          pad_length: Any = None) -> None:
-        send_data(stream_id, data, end_stream=end_stream, pad_length=pad_length)
-        guard.budget.data_frame_sent()  # hypercorn sends one frame a call
+    def error_resets(count: int) -> None:
+        guard.error_resets += count
 
-    table[WindowUpdateFrame] = counted_window_update
-    connection.send_data = counted_send_data  # type: ignore[method-assign]
-    connection.receive_data = parsed  # type: ignore[method-assign]
-    connection._prepare_for_sending = counted_prepare  # type: ignore[method-assign]
+    h2_protocol.hook_frames(connection, on_window_update=window_update,
+                            on_reset_while_parsing=error_resets,
+                            on_data_frame_sent=guard.budget.data_frame_sent)
 
 
 def _charge(guard: _Guard, events: list[h2.events.Event], now: float) -> str | None:
@@ -307,7 +283,7 @@ async def _calm(protocol: Any, guard: _Guard, verdict: str) -> None:
     # the last one h2 parsed: the overspending read was never acted on.
     protocol.connection.close_connection(error_code=ErrorCodes.ENHANCE_YOUR_CALM,
                                          last_stream_id=guard.last_served)
-    await protocol._flush()
+    await h2_protocol.flush_now(protocol)
     await protocol.send(Closed())
 
 
@@ -346,7 +322,7 @@ async def _drain_when_due(protocol: Any, guard: _Guard, stream_id: int) -> None:
         return
     guard.drain_after = stream_id
     H2_GUARD_STATS.drained += 1
-    await protocol._flush()
+    await h2_protocol.flush_now(protocol)  # what h2 queued goes before the raw GOAWAY
     frame = GoAwayFrame(0, last_stream_id=stream_id, error_code=ErrorCodes.NO_ERROR)
     await protocol.send(RawData(data=frame.serialize()))
 
@@ -362,7 +338,7 @@ async def _close_if_drained(protocol: Any) -> None:
         return
     guard.cut = True
     protocol.connection.close_connection(last_stream_id=guard.drain_after)
-    await protocol._flush()
+    await h2_protocol.flush_now(protocol)
     await protocol.send(Closed())
 
 

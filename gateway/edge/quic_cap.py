@@ -1,4 +1,8 @@
-"""The QUIC front door: hypercorn 0.18.0 / aioquic 1.7.2 patched in one place.
+"""The QUIC front door: what it does to hypercorn 0.18.0 / aioquic 1.7.2's QUIC.
+
+Where each piece plugs in (and the checks that it still can) is
+``hedgerow.http_stack.quic_front_door`` and ``.quic_connection``; this module
+holds the behaviour.
 
 Hypercorn's ``QuicProtocol`` makes a connection (and starts a TLS handshake)
 for every Initial packet with an unknown destination connection id, without
@@ -29,8 +33,8 @@ declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
    payload is buffered; the request answered 431 on its stream, the
    connection closed only when a client keeps doing it), QPACK table and
    blocked-streams limits.
-5. Connections are ``BoundedQuicConnection``s (``gateway.edge.transport`` builds
-   hypercorn's ``QuicConnection`` on it): flow-control windows that move
+5. Connections are ``BoundedQuicConnection``s
+   (``hedgerow.http_stack.quic_connection``): flow-control windows that move
    with the data delivered, not double with the data received.
 6. ``hypercorn.protocol.h3.H3Protocol.handle`` is ``guarded_h3_handle``.
    Hypercorn handles every HTTP/3 connection of a process in one task (the
@@ -44,9 +48,9 @@ declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
    (STOP_SENDING H3_REQUEST_CANCELLED; the rest dropped), or at once once
    the application has ended.
 
-``install_quic_cap`` warns on versions other than those it was written
-against (``ASSUMED_VERSIONS``) and refuses to start when what it reaches
-into is missing; ``tests/unit/test_quic_cap_patches.py`` pins the versions.
+``install_quic_cap`` refuses to start when what it reaches into is missing
+(``PatchError``); the versions are checked at process start
+(``hedgerow.http_stack.check_versions``).
 """
 
 from __future__ import annotations
@@ -56,7 +60,6 @@ import logging
 import os
 from contextvars import ContextVar
 from functools import partial
-from importlib.metadata import version
 from typing import Any, Callable
 
 import hypercorn.protocol.h3
@@ -74,39 +77,32 @@ from aioquic.h3.connection import (
     Setting,
 )
 from aioquic.h3.events import DataReceived, H3Event, HeadersReceived
-from aioquic.quic.connection import (
-    CONNECTION_LIMIT_FRAME_CAPACITY,
-    MAX_STREAM_DATA_FRAME_CAPACITY,
-    QuicConnection,
-)
 from aioquic.quic.packet import (
     PACKET_TYPE_INITIAL,
     QuicErrorCode,
-    QuicFrameType,
     QuicHeader,
     encode_quic_retry,
     pull_quic_header,
 )
 from aioquic.quic.events import QuicEvent
-from aioquic.quic.packet_builder import QuicPacketBuilder
-from aioquic.quic.recovery import QuicPacketSpace
-from aioquic.quic.stream import QuicStream
 from hypercorn.events import RawData
 from hypercorn.protocol.events import Body, EndBody
 from hypercorn.protocol.h3 import H3Protocol
 from hypercorn.protocol.quic import QuicProtocol, _Connection
 
 from hedgerow.connection_cap import log_refusals
+from hedgerow.http_stack import quic_front_door
+from hedgerow.http_stack.quic_connection import BoundedQuicConnection as BoundedQuicConnection
+from hedgerow.http_stack.versions import PINNED
 from gateway.edge.quic_admission import Address, QuicFrontDoor, QuicLimits, Verdict
 
 log = logging.getLogger("hedgerow.gateway.quic")
 
-ASSUMED_VERSIONS = {"hypercorn": "0.18.0", "aioquic": "1.7.2"}
+ASSUMED_VERSIONS = {name: PINNED[name] for name in ("hypercorn", "aioquic")}
 # The front door in force, set by ``gateway.edge.transport.serve`` (a context
 # variable, like ``ACTIVE_CAP``: hypercorn's UDP tasks inherit it).
 ACTIVE_QUIC_DOOR: ContextVar[QuicFrontDoor | None] = ContextVar("quic_door", default=None)
 
-_ORIGINAL = "_hedgerow_unguarded"
 _LONG_HEADER = 0x80
 _MIN_INITIAL_BYTES = 1200  # RFC 9000 14.1; hypercorn ignores shorter Initials too
 _CID_BYTES = 8
@@ -141,7 +137,7 @@ class BoundedH3Connection(H3Connection):
     for trailers, the connection is closed with H3_EXCESSIVE_LOAD.
     """
 
-    def _init_connection(self) -> None:
+    def _init_connection(self, *args: Any, **kwargs: Any) -> None:
         # Runs at the end of ``H3Connection.__init__``, before SETTINGS are
         # sent: the limits must be in place (and advertised) from the start.
         door = ACTIVE_QUIC_DOOR.get()
@@ -157,15 +153,15 @@ class BoundedH3Connection(H3Connection):
         self._max_table_capacity = limits.h3_qpack_table_bytes
         self._blocked_streams = limits.h3_qpack_blocked_streams if limits.h3_qpack_table_bytes else 0
         self._decoder = pylsqpack.Decoder(self._max_table_capacity, self._blocked_streams)
-        super()._init_connection()
+        super()._init_connection(*args, **kwargs)
 
-    def _get_local_settings(self) -> dict[int, int]:
-        settings = super()._get_local_settings()
+    def _get_local_settings(self, *args: Any, **kwargs: Any) -> dict[int, int]:
+        settings = super()._get_local_settings(*args, **kwargs)
         settings[Setting.MAX_FIELD_SECTION_SIZE] = self._hedgerow_max_field_section
         return settings
 
-    def handle_event(self, event: QuicEvent) -> list[H3Event]:
-        events = super().handle_event(event)
+    def handle_event(self, event: QuicEvent, *args: Any, **kwargs: Any) -> list[H3Event]:
+        events = super().handle_event(event, *args, **kwargs)
         # Answered here, outside aioquic's stream bookkeeping (its
         # ``_get_or_create_stream`` would forget the stream twice if the
         # answer ended it while a receive held it).
@@ -178,12 +174,14 @@ class BoundedH3Connection(H3Connection):
         return events
 
     def _receive_request_or_push_data(self, stream: H3Stream, data: bytes,
-                                      stream_ended: bool) -> list[H3Event]:
+                                      stream_ended: bool, *args: Any,
+                                      **kwargs: Any) -> list[H3Event]:
         if stream.stream_id in self._hedgerow_refused:
             return []  # answered 431: the rest of the request is dropped unread
         self._hedgerow_receiving = stream
         try:
-            return super()._receive_request_or_push_data(stream, data, stream_ended)
+            return super()._receive_request_or_push_data(stream, data, stream_ended,
+                                                         *args, **kwargs)
         except _RefuseRequest:
             self._hedgerow_refused.add(stream.stream_id)
             self._hedgerow_to_answer.append((stream.stream_id, not stream.receiving_ended))
@@ -192,14 +190,16 @@ class BoundedH3Connection(H3Connection):
         finally:
             self._hedgerow_receiving = None
 
-    def _check_request_or_push_frame_type(self, frame_type: int, stream: H3Stream) -> None:
-        super()._check_request_or_push_frame_type(frame_type, stream)
+    def _check_request_or_push_frame_type(self, frame_type: int, stream: H3Stream,
+                                          *args: Any, **kwargs: Any) -> None:
+        super()._check_request_or_push_frame_type(frame_type, stream, *args, **kwargs)
         if frame_type == FrameType.HEADERS and (stream.frame_size or 0) > self._hedgerow_max_field_section:
             self._over_limit(stream, f"HEADERS frame of {stream.frame_size} bytes is over "
                                      f"{self._hedgerow_max_field_section}")
 
-    def _decode_headers(self, stream_id: int, frame_data: bytes | None) -> list[tuple[bytes, bytes]]:
-        headers = super()._decode_headers(stream_id, frame_data)
+    def _decode_headers(self, stream_id: int, frame_data: bytes | None, *args: Any,
+                        **kwargs: Any) -> list[tuple[bytes, bytes]]:
+        headers = super()._decode_headers(stream_id, frame_data, *args, **kwargs)
         size = sum(len(name) + len(value) + 32 for name, value in headers)
         if size > self._hedgerow_max_field_section:
             self._over_limit(self._stream.get(stream_id), f"field section of {size} bytes is "
@@ -218,79 +218,6 @@ class BoundedH3Connection(H3Connection):
         if self._hedgerow_door is not None:
             self._hedgerow_door.h3_connections_cut += 1
         raise HeaderSectionTooLarge(why)
-
-
-class BoundedQuicConnection(QuicConnection):
-    """aioquic's ``QuicConnection`` with bounded flow-control windows.
-
-    aioquic 1.7.2 doubles a stream's MAX_STREAM_DATA as soon as the peer has
-    *sent* past half of it, and the connection's MAX_DATA likewise, whatever
-    was delivered; and a STREAM frame past a gap makes the receiver allocate
-    the gap (``QuicStreamReceiver.handle_frame``). So a client sending one
-    byte just under each new limit doubled what it could make the gateway
-    allocate every round trip: from 256 KiB past 1 GiB in a dozen.
-
-    Here each limit is what was delivered in order plus the configured window
-    (``configuration.max_stream_data`` a stream, ``max_data`` the
-    connection), raised once half a window has been delivered (fewer update
-    frames), never lowered: data received but not delivered (held in a gap,
-    or a reset stream's buffer) never exceeds the window. In-order data is
-    handed to hypercorn as it arrives, which is what "delivered" means here.
-    The two methods are aioquic's own, with the rule that raises a limit
-    changed (a fix upstream would change just that).
-    """
-
-    def _delivered(self) -> int:
-        """Bytes delivered in order on every stream: all received (the
-        connection limit's ``used``, gaps included), less what open streams
-        still hold beyond their delivered offset."""
-        held = sum(stream.receiver.highest_offset - stream.receiver.starting_offset()
-                   for stream in self._streams.values() if not stream.receiver.is_finished)
-        return self._local_max_data.used - held
-
-    def _write_connection_limits(self, builder: QuicPacketBuilder,
-                                 space: QuicPacketSpace) -> None:
-        max_data = self._local_max_data
-        window = self._configuration.max_data
-        wanted = self._delivered() + window
-        if wanted - max_data.value >= window // 2:
-            max_data.value = wanted
-        for limit in (max_data, self._local_max_streams_bidi, self._local_max_streams_uni):
-            if limit is not max_data and limit.sent - limit.used >= limit.value - limit.sent:
-                continue  # aioquic's batching of MAX_STREAMS
-            if limit.value != limit.sent:
-                buf = builder.start_frame(limit.frame_type,
-                                          capacity=CONNECTION_LIMIT_FRAME_CAPACITY,
-                                          handler=self._on_connection_limit_delivery,
-                                          handler_args=(limit,))
-                buf.push_uint_var(limit.value)
-                limit.sent = limit.value
-                if self._quic_logger is not None and builder.quic_logger_frames is not None:
-                    builder.quic_logger_frames.append(
-                        self._quic_logger.encode_connection_limit_frame(
-                            frame_type=limit.frame_type, maximum=limit.value))
-
-    def _write_stream_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace,
-                             stream: QuicStream) -> None:
-        # 0: a stream we opened for sending only; nothing to raise.
-        if stream.max_stream_data_local and not stream.receiver.is_finished:
-            window = self._configuration.max_stream_data
-            wanted = stream.receiver.starting_offset() + window
-            if wanted - stream.max_stream_data_local >= window // 2:
-                stream.max_stream_data_local = wanted
-        stream_id = stream.stream_id
-        if stream.max_stream_data_local_sent != stream.max_stream_data_local and stream_id is not None:
-            buf = builder.start_frame(QuicFrameType.MAX_STREAM_DATA,
-                                      capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
-                                      handler=self._on_max_stream_data_delivery,
-                                      handler_args=(stream,))
-            buf.push_uint_var(stream_id)
-            buf.push_uint_var(stream.max_stream_data_local)
-            stream.max_stream_data_local_sent = stream.max_stream_data_local
-            if self._quic_logger is not None and builder.quic_logger_frames is not None:
-                builder.quic_logger_frames.append(
-                    self._quic_logger.encode_max_stream_data_frame(
-                        maximum=stream.max_stream_data_local, stream_id=stream_id))
 
 
 # How long hypercorn's UDP task (all HTTP/3 connections of the process) waits
@@ -348,66 +275,47 @@ async def _to_app(protocol: Any, stream_id: int, event: Body | EndBody) -> None:
 
 
 def install_quic_cap() -> None:
-    """Patch hypercorn's ``QuicProtocol`` and its ``H3Connection`` in place; idempotent."""
-    if hasattr(QuicProtocol, _ORIGINAL):
-        return
-    for package, assumed in ASSUMED_VERSIONS.items():
-        if version(package) != assumed:
-            log.warning("gateway.edge.quic_cap was written against %s %s, found %s: the "
-                        "QUIC front door's patches may not fit it", package, assumed,
-                        version(package))
-    # What the patches reach into: fail at start, not on the first packet.
-    missing = [name for owner, name in (
-        (QuicProtocol, "_handle_events"), (QuicProtocol, "send_all"),
-        (H3Connection, "_init_connection"), (H3Connection, "_get_local_settings"),
-        (H3Connection, "_check_request_or_push_frame_type"), (H3Connection, "_decode_headers"),
-        (H3Connection, "_receive_request_or_push_data"),
-        (H3Protocol, "handle"), (H3Protocol, "_create_stream"),
-        (hypercorn.protocol.h3, "H3Connection"), (hypercorn.protocol.quic, "QuicConnection"),
-        (QuicConnection, "_write_connection_limits"), (QuicConnection, "_write_stream_limits"),
-        (QuicConnection, "_on_connection_limit_delivery"),
-        (QuicConnection, "_on_max_stream_data_delivery"),
-    ) if not hasattr(owner, name)]
-    if missing:
-        raise RuntimeError(f"gateway.edge.quic_cap cannot patch this hypercorn/aioquic: no {missing}")
-    handle, handle_events = QuicProtocol.handle, QuicProtocol._handle_events
-    setattr(QuicProtocol, _ORIGINAL, (handle, handle_events))
+    """Plug the front door into hypercorn's ``QuicProtocol`` and its HTTP/3
+    (``hedgerow.http_stack.quic_front_door``); idempotent."""
 
-    async def guarded_handle(self: Any, event: Any) -> None:
-        door = _door(self)
-        header = _new_initial(self, event.data) if isinstance(event, RawData) else None
-        if door is None or header is None:
-            await handle(self, event)
-            return
-        now = self.context.time()
-        admission = door.screen(address=event.address, destination_cid=header.destination_cid,
-                                token=header.token, now=now)
-        if admission.verdict is not Verdict.ADMIT:
-            answer = _answer(door, admission.verdict, header, event.address, now)
-            if answer is not None:
-                await self.send(RawData(data=answer, address=event.address))
-            _log(door)
-            return
-        await _open(self, door, header, event, admission.original_destination_cid,
-                    admission.retry_source_cid, now)
+    def make_handle(handle: Callable[..., Any]) -> Callable[..., Any]:
+        async def guarded_handle(self: Any, event: Any, *args: Any, **kwargs: Any) -> None:
+            door = _door(self)
+            header = _new_initial(self, event.data) if isinstance(event, RawData) else None
+            if door is None or header is None:
+                await handle(self, event, *args, **kwargs)
+                return
+            now = self.context.time()
+            admission = door.screen(address=event.address, destination_cid=header.destination_cid,
+                                    token=header.token, now=now)
+            if admission.verdict is not Verdict.ADMIT:
+                answer = _answer(door, admission.verdict, header, event.address, now)
+                if answer is not None:
+                    await self.send(RawData(data=answer, address=event.address))
+                _log(door)
+                return
+            await _open(self, door, header, event, admission.original_destination_cid,
+                        admission.retry_source_cid, now)
+        return guarded_handle
 
-    async def tracked_handle_events(self: Any, connection: Any, client: Any = None) -> None:
-        await handle_events(self, connection, client)
-        door = getattr(self, "_hedgerow_door", None)
-        key = id(connection)
-        if door is None or not door.tracks(key):
-            return
-        if not connection.cids:  # terminated: hypercorn forgot its ids
-            door.closed(key, self.context.time())
-            await _stop_guard(self, key)
-        elif door.is_half_open(key) and connection.quic._handshake_complete:
-            door.established(key)
-            await _stop_guard(self, key)
+    def make_handle_events(handle_events: Callable[..., Any]) -> Callable[..., Any]:
+        async def tracked_handle_events(self: Any, connection: Any, *args: Any,
+                                        **kwargs: Any) -> None:
+            await handle_events(self, connection, *args, **kwargs)
+            door = getattr(self, "_hedgerow_door", None)
+            key = id(connection)
+            if door is None or not door.tracks(key):
+                return
+            if not connection.cids:  # terminated: hypercorn forgot its ids
+                door.closed(key, self.context.time())
+                await _stop_guard(self, key)
+            elif door.is_half_open(key) and connection.quic._handshake_complete:
+                door.established(key)
+                await _stop_guard(self, key)
+        return tracked_handle_events
 
-    H3Protocol.handle = guarded_h3_handle  # type: ignore[method-assign]
-    QuicProtocol.handle = guarded_handle  # type: ignore[method-assign]
-    QuicProtocol._handle_events = tracked_handle_events  # type: ignore[method-assign]
-    hypercorn.protocol.h3.H3Connection = BoundedH3Connection  # type: ignore[attr-defined]
+    quic_front_door.install(make_handle=make_handle, make_handle_events=make_handle_events,
+                            h3_handle=guarded_h3_handle, h3_connection=BoundedH3Connection)
 
 
 def screen_datagram(protocol: QuicProtocol | None, data: bytes, address: Address,

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import logging
 
-import asyncio
 import copy
 import datetime
 import errno
-import functools
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,27 +37,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aioquic.quic.connection
 import anyio
 import hypercorn.asyncio.run
-import hypercorn.protocol.quic
 from anyio.abc import TaskStatus
-from hypercorn.asyncio.udp_server import UDPServer
 from hypercorn.config import Config, Sockets
-from hypercorn.events import Closed
 from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
 from gateway.edge.cert_reload import (ACTIVE_CERTIFICATES, CertificateReloader,
                                  install_quic_certificate_registry, register_tls_context)
-from hedgerow.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
+from hedgerow.connection_cap import ACTIVE_CAP, ConnectionCap
 from gateway.edge.h2_budget import H2Limits
 from gateway.edge.h2_guard import install_h2_guard
 from gateway.edge.quic_admission import QuicFrontDoor, QuicLimits
-from gateway.edge.quic_cap import (ACTIVE_QUIC_DOOR, BoundedQuicConnection, install_quic_cap,
-                              screen_datagram)
-from gateway.edge.write_coalescing import install_write_coalescing
-from hedgerow.hypercorn_eof import install_eof_fix
+from gateway.edge.quic_cap import ACTIVE_QUIC_DOOR, install_quic_cap, screen_datagram
+from gateway.edge.write_coalescing import CoalescingWriter, install_write_coalescing
+from hedgerow.http_stack import accept_loop, eof, quic_connection, udp_server
 from hedgerow.decimal_text import parse_decimal
 from gateway.edge.quic_tickets import QuicTicketStore
 from gateway.edge.ticket_keys import DEFAULT_ROTATION_S, TicketKeyRing, install_ticket_keys
@@ -82,10 +75,6 @@ DEFAULT_HOST = "127.0.0.1"
 LOCAL_HOSTS = ("127.0.0.1", "::1")
 PORT_PICK_ATTEMPTS = 32
 ALT_SVC_MAX_AGE_S = 3600
-SHUTDOWN_NUDGE_INTERVAL_S = 0.05
-# Datagrams waiting for the QUIC protocol (hypercorn: 10); at most about
-# 256 x 1.5 KB. Initials to Retry or drop never wait here (gateway.edge.quic_cap).
-UDP_QUEUE_DATAGRAMS = 256
 
 # Bounds on what a slow or hostile client can hold (hypercorn 0.18 knobs):
 # - A TCP connection must finish its TLS handshake within this (default 60 s).
@@ -129,6 +118,10 @@ class TlsConfig(Config):
     # Seals and opens the TCP session tickets (None: OpenSSL's one key for the
     # context's life). Shared by copies of the config, as the context is.
     ticket_keys: TicketKeyRing | None = None
+
+    # Each TCP connection's writer (``hedgerow.http_stack.write_coalescing``):
+    # its writes of one loop pass leave as one TLS record.
+    wrap_writer: Any = CoalescingWriter
 
     def create_ssl_context(self) -> ssl.SSLContext | None:
         context = super().create_ssl_context()
@@ -386,84 +379,37 @@ def _with_alt_svc(config: Config, listeners: Listeners) -> Config:
 
 
 def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
-    """Fill eight gaps in hypercorn 0.18, in place. Idempotent: rerunning rebinds.
+    """Fill eight gaps in hypercorn 0.18 / aioquic 1.7.2. Idempotent.
 
-    1. ``hypercorn/protocol/quic.py`` builds ``QuicConnection(configuration=...,
-       original_destination_connection_id=...)`` without aioquic's
-       ``session_ticket_handler`` (without which the server issues no ticket)
-       or ``session_ticket_fetcher`` (without which it accepts none), so no
-       HTTP/3 client could ever resume. The name is replaced by a partial that
-       adds both, built on ``gateway.edge.quic_cap.BoundedQuicConnection`` (aioquic's
-       class with bounded flow-control windows), so calls never stack.
-    2. ``hypercorn/asyncio/run.py`` drops the datagram transport, which then
-       never closes (pgjones/hypercorn#373), and ``UDPServer.run`` notices
-       shutdown only on the next datagram, so a shutdown sat out the whole
-       graceful_timeout. ``_ClosingUDPServer`` fixes both.
-    3. HTTP/2 DATA arriving after a stream's response ended (a 413 before the
-       body was read) crashed the connection; nothing bounded resets, pings,
-       settings or empty frames; the request limit dropped streams in flight:
-       see ``gateway.edge.h2_guard``.
-    4. Nothing bounds how many TCP connections are open: the worker's
-       ``asyncio`` is replaced by ``HypercornAsyncio``, whose ``start_server``
-       applies the ``ConnectionCap`` given to ``serve`` (none given: unchanged).
-    5. Every frame was its own TLS record and syscall: a connection's writes
-       now leave once per loop pass (``gateway.edge.write_coalescing``).
-    6. A connection the client closed waited out its keep-alive timer
-       (``hedgerow.hypercorn_eof``).
-    7. QUIC connections were not bounded at all: they take slots of the same
-       ``ConnectionCap``; half-open ones are capped (in all and per source)
-       and time out, a Retry proves a client's address under load, and HTTP/3
-       header sections and QPACK state are bounded (``gateway.edge.quic_cap``).
-    8. The QUIC certificate was read once per listener, out of reach: each
-       ``QuicProtocol``'s configuration is registered with the certificate
-       reloader in force (``gateway.edge.cert_reload``).
+    Each is one module of ``hedgerow.http_stack`` (what it changes, why, and
+    how it fails if hypercorn's internals moved: its docstring); the
+    behaviour the gateway plugs in lives beside this module.
+
+    1. QUIC session tickets, and flow-control windows that move with the data
+       delivered (``http_stack.quic_connection``, ``QUIC_SESSION_TICKETS``).
+    2. A UDP server that screens Initials before its queue, holds a burst,
+       and closes at shutdown (``http_stack.udp_server``, pgjones/hypercorn#373).
+    3. HTTP/2: late DATA (a 413 before the body was read) no longer kills the
+       connection; flood budgets; a graceful drain after the request limit;
+       one flush per read (``gateway.edge.h2_guard`` via ``http_stack.h2_protocol``).
+    4. TCP connections bounded at accept, before TLS (``http_stack.accept_loop``
+       with the ``ConnectionCap`` given to ``serve``).
+    5. A connection's writes leave once per loop pass (``gateway.edge.write_coalescing``
+       via ``http_stack.write_coalescing``, this listener's ``TlsConfig.wrap_writer``).
+    6. A connection the client closed no longer waits out its keep-alive timer
+       (``http_stack.eof``).
+    7. QUIC connections bounded (cap, half-open, Retry, HTTP/3 header and QPACK
+       limits: ``gateway.edge.quic_cap`` via ``http_stack.quic_front_door``).
+    8. The QUIC certificate reloadable (``gateway.edge.cert_reload`` via
+       ``http_stack.quic_certificates``).
     """
     install_h2_guard()
     install_write_coalescing()
-    install_eof_fix()
+    eof.install()
     install_quic_cap()
     install_quic_certificate_registry()
     hooks = tickets.hooks()
-    hypercorn.protocol.quic.QuicConnection = functools.partial(  # type: ignore[misc]
-        BoundedQuicConnection,
-        session_ticket_fetcher=hooks.session_ticket_fetcher,
-        session_ticket_handler=hooks.session_ticket_handler,
-    )
-    hypercorn.asyncio.run.UDPServer = _ClosingUDPServer  # type: ignore[misc]
-    hypercorn.asyncio.run.asyncio = HypercornAsyncio()  # type: ignore[assignment,attr-defined]
-
-
-class _ClosingUDPServer(UDPServer):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Hypercorn queues 10 datagrams and drops the rest: a burst of new
-        # clients (each Initial 1200+ bytes) lost most of its handshakes.
-        self.protocol_queue = asyncio.Queue(UDP_QUEUE_DATAGRAMS)
-
-    def datagram_received(self, data: bytes, address: tuple[bytes, str]) -> None:  # type: ignore[override]
-        # Initials to Retry or drop are dealt with before hypercorn's small
-        # packet queue, so a flood of them leaves it to open connections.
-        protocol = getattr(self, "protocol", None)
-        if self.transport is not None and not screen_datagram(
-                protocol, data, address, self.transport.sendto, self.loop.time()):
-            return
-        super().datagram_received(data, address)
-
-    async def run(self) -> None:
-        waker = self.loop.create_task(self._wake_when_terminated())
-        try:
-            await super().run()
-        finally:
-            waker.cancel()
-            if self.transport is not None:
-                self.transport.close()
-
-    async def _wake_when_terminated(self) -> None:
-        # run() re-checks "terminated and idle" only after dequeuing an event,
-        # and a closing connection turns idle on a timer, not on a datagram;
-        # so nudge it until it ends (QuicProtocol ignores Closed events).
-        await self.context.terminated.wait()
-        while True:
-            await self.protocol_queue.put(Closed())
-            await asyncio.sleep(SHUTDOWN_NUDGE_INTERVAL_S)
-
+    quic_connection.install(session_ticket_fetcher=hooks.session_ticket_fetcher,
+                            session_ticket_handler=hooks.session_ticket_handler)
+    udp_server.install(screen_datagram)
+    accept_loop.install()

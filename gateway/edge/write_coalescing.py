@@ -9,7 +9,8 @@ writes were the largest single cost (``StreamWriter.write`` 15% of the
 gateway's CPU).
 
 ``CoalescingWriter`` stands in for the ``asyncio.StreamWriter`` hypercorn
-gets for each TCP connection: ``write`` only appends to a buffer and asks the
+gets for each TCP connection of a listener whose config names it as its
+``wrap_writer`` (``hedgerow.http_stack.write_coalescing``): ``write`` only appends to a buffer and asks the
 loop to flush it once the callbacks already queued have run (``call_soon``),
 so everything the connection's tasks produce in one pass of the loop leaves
 as one write. Nothing waits longer than that pass; with TCP_NODELAY the
@@ -24,9 +25,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hypercorn.asyncio.tcp_server import TCPServer
+from hedgerow.http_stack import write_coalescing
 
-_ORIGINAL_INIT = "_hedgerow_uncoalesced_init"
 FLUSH_AT = 64 * 1024
 
 
@@ -84,15 +84,5 @@ class CoalescingWriter:
 
 
 def install_write_coalescing() -> None:
-    """Give every hypercorn TCP connection a ``CoalescingWriter``; idempotent."""
-    if hasattr(TCPServer, _ORIGINAL_INIT):
-        return
-    original = TCPServer.__init__
-    setattr(TCPServer, _ORIGINAL_INIT, original)
-
-    def init(self: TCPServer, app: Any, loop: Any, config: Any, context: Any, state: Any,
-             reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        coalescing: Any = CoalescingWriter(writer)
-        original(self, app, loop, config, context, state, reader, coalescing)
-
-    TCPServer.__init__ = init  # type: ignore[method-assign]
+    """Let listeners whose config has ``wrap_writer = CoalescingWriter`` use it; idempotent."""
+    write_coalescing.install()
