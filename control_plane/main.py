@@ -11,7 +11,8 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from control_plane.admin_auth import LOOPBACK, AdminGuard, admin_bind_host
+from control_plane.admin_auth import AdminGuard
+from hedgerow.admin_token import LOOPBACK, admin_bind_host
 from control_plane.app import ControlPlaneApp
 from control_plane.metrics import ControlPlaneMetrics
 from control_plane.key_file import restore_keys, save_keys

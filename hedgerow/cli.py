@@ -25,10 +25,10 @@ from hedgerow import tracing
 from hedgerow.cli_env import EnvironmentValueError, apply_environment
 from hedgerow.extras import missing_extras
 from hedgerow.logs import LOG_FORMATS, configure_logging
-from hedgerow.trust.process import add_trust_arguments
+from hedgerow.cli_flags import add_listener_limit_options, add_trust_arguments
 
 if TYPE_CHECKING:
-    from gateway.quic_admission import QuicLimits
+    from gateway.edge.quic_admission import QuicLimits
     from hedgerow.trust.process import InternalTls
     from hedgerow.redis_conn import RedisTls
     from workers.sim_backend import LatencyModel, SlowPeriods
@@ -205,8 +205,6 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
                     help="another DNS name or IP clients reach it by (repeatable)")
     cp.add_argument("--insecure-internal", action="store_true",
                     help="DEBUG ONLY: plain HTTP, and every caller believed")
-    from hedgerow.listener_limits import add_listener_limit_options  # light: no I/O
-
     add_listener_limit_options(cp)
     cp.set_defaults(run=_run_control_plane)
 
@@ -379,7 +377,7 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def _add_quic_limits(gw: argparse.ArgumentParser) -> None:
-    from gateway.quic_admission import RETRY_MODES, QuicLimits
+    from gateway.edge.quic_admission import RETRY_MODES, QuicLimits
 
     d = QuicLimits()
     quic = gw.add_argument_group("QUIC / HTTP/3 limits (docs/security.md)")
@@ -418,7 +416,7 @@ def _add_quic_limits(gw: argparse.ArgumentParser) -> None:
 def _quic_limits(args: argparse.Namespace) -> QuicLimits:
     from dataclasses import fields
 
-    from gateway.quic_admission import QuicLimits
+    from gateway.edge.quic_admission import QuicLimits
 
     return QuicLimits(**{f.name: getattr(args, f"quic_{f.name}") for f in fields(QuicLimits)})
 
@@ -466,8 +464,8 @@ def _run_cache(args: argparse.Namespace) -> int:
     import httpx
     import orjson
 
-    from control_plane.admin_auth import read_admin_token
-    from gateway.admin import purge
+    from hedgerow.admin_token import read_admin_token
+    from gateway.admin.api import purge
 
     try:
         token = read_admin_token(args.admin_token_file)
@@ -616,7 +614,7 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     from hedgerow.policy_cli import check_startup_policy
     from policies.schema import DEFAULT_POLICY_PATH
 
-    from control_plane.admin_auth import read_admin_token, read_metrics_token
+    from hedgerow.admin_token import read_admin_token, read_metrics_token
 
     policy_file = args.policy or DEFAULT_POLICY_PATH
     problem = check_startup_policy(policy_file, args.policy_dir)
@@ -640,7 +638,7 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     trust = TrustOptions(state_dir=args.state_dir, join_port=args.join_port,
                          ca_cert=args.ca_cert, ca_key=args.ca_key, cert_ttl_s=args.cert_ttl_s,
                          tls_sans=tuple(args.tls_san), insecure=args.insecure_internal)
-    from hedgerow.listener_limits import listener_limits
+    from hedgerow.cli_flags import listener_limits
 
     try:
         internal_limits, join_limits = listener_limits(
@@ -658,9 +656,9 @@ def _run_control_plane(args: argparse.Namespace) -> int:
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
-    from control_plane.admin_auth import read_admin_token, read_metrics_token
+    from hedgerow.admin_token import read_admin_token, read_metrics_token
     from gateway.main import GatewayOptions, run_gateway
-    from gateway.transport import local_hosts
+    from gateway.edge.transport import local_hosts
 
     try:
         admin_token = read_admin_token(args.admin_token_file)
@@ -679,7 +677,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if args.max_requests_per_connection < 1:
         print("hedgerow: --max-requests-per-connection must be at least 1", file=sys.stderr)
         return 1
-    from gateway.h2_budget import parse_h2_limits
+    from gateway.edge.h2_budget import parse_h2_limits
     if not 0 < args.tls_ticket_rotation_s < float("inf"):
         print("hedgerow: --tls-ticket-rotation-s must be a positive number", file=sys.stderr)
         return 1
@@ -709,7 +707,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         print(f"hedgerow: --h2-limit: {error}", file=sys.stderr)
         return 1
 
-    from gateway.access_log import configure_access_log
+    from gateway.admin.access_log import configure_access_log
 
     try:
         configure_access_log(args.access_log)
@@ -781,7 +779,7 @@ def _internal_tls(args: argparse.Namespace, role: str, name: str, control_plane:
     from hedgerow.trust.credentials import CredentialsError
     from hedgerow.trust.identity import IdentityError
     from hedgerow.trust.join import JoinError
-    from hedgerow.trust.process import internal_tls
+    from hedgerow.cli_flags import internal_tls
 
     try:
         return internal_tls(args, role, name, control_plane, state_dir)  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """Serving an internal ASGI app (control plane, worker, admin listeners).
 
-The public, TLS/QUIC side of the gateway lives in ``gateway.transport``; this
+The public, TLS/QUIC side of the gateway lives in ``gateway.edge.transport``; this
 is the small internal twin: HTTP/1.1 over mutual TLS with the context the
 caller gives (``hedgerow.trust.credentials.TlsContexts.server``), so that a
 connection without a certificate from the cluster CA is refused in the

@@ -15,8 +15,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from gateway.http1 import ConnectFailed
-from gateway.worker_http import HttpPool
+from gateway.upstream.http1 import ConnectFailed
+from gateway.upstream.worker_http import HttpPool
 from hedgerow.asgi import Receive, Scope, Send, send_json
 from hedgerow.serving import serve_internal
 from hedgerow.trust.ca import CaError, ClusterCA, csr_public_key, fingerprint, make_csr
