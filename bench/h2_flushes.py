@@ -39,6 +39,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from hyperframe.frame import Frame
+
 from bench.h2raw import RawH2
 
 
@@ -117,7 +119,7 @@ def _client(port: int, ca: str, requests: int, frames: int) -> None:
         conn.read(0.2)
         for _ in range(requests):
             stream = conn.new_stream()
-            batch = [conn.request_headers(stream, "/", "POST", end_stream=False)]
+            batch: list[Frame] = [conn.request_headers(stream, "/", "POST", end_stream=False)]
             batch += [conn.data(stream, b"y" * 100) for _ in range(frames)]
             batch.append(conn.data(stream, b"", end_stream=True))
             conn.send(*batch)

@@ -165,7 +165,7 @@ async def run_worker(
         registration = SelfRegistration(
             worker_id=worker_id,
             url=_url_of(tls.scheme, options.advertise_host or options.host, port),
-            kind=backend.kind,  # type: ignore[arg-type]
+            kind=backend.kind,
             device=backend.device,
             device_memory_bytes=backend.device_memory_bytes,
             models=backend.models,

@@ -169,19 +169,24 @@ class _OpenSsl:
     def check(self, context: ssl.SSLContext) -> int | None:
         """The context's ``SSL_CTX *`` if every layout check passes; else None (logged)."""
         if not isinstance(context, ssl.SSLContext):  # else the memory read below is not one
-            return _refuse(f"not an ssl.SSLContext: {type(context).__name__}")
+            _refuse(f"not an ssl.SSLContext: {type(context).__name__}")
+            return None
         version = self.crypto.OpenSSL_version(0).decode()
         if sys.implementation.name != "cpython" or sys.version_info[:2] != (3, 11):
-            return _refuse(f"assumes CPython 3.11's ssl layout, not {sys.version.split()[0]}")
+            _refuse(f"assumes CPython 3.11's ssl layout, not {sys.version.split()[0]}")
+            return None
         if version != ssl.OPENSSL_VERSION or not version.startswith("OpenSSL 3."):
-            return _refuse(f"libssl here is {version!r}, _ssl is built on "
-                           f"{ssl.OPENSSL_VERSION!r}")
+            _refuse(f"libssl here is {version!r}, _ssl is built on "
+                    f"{ssl.OPENSSL_VERSION!r}")
+            return None
         pointer = ctypes.c_void_p.from_address(id(context) + object.__basicsize__).value
         if not pointer:
-            return _refuse("no SSL_CTX where CPython 3.11 keeps it")
+            _refuse("no SSL_CTX where CPython 3.11 keeps it")
+            return None
         if (self.ssl.SSL_CTX_get_options(pointer) != context.options
                 or self.ssl.SSL_CTX_get_verify_mode(pointer) != _openssl_verify(context)):
-            return _refuse("the SSL_CTX found does not report the context's own settings")
+            _refuse("the SSL_CTX found does not report the context's own settings")
+            return None
         return pointer
 
     def seal_with(self, key: TicketKey, name_out: Any, iv: Any, cipher_ctx: int,

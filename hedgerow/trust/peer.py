@@ -78,9 +78,11 @@ class Revocations:
         self._path = path
         if path is not None:
             try:
-                self._revoked = self._valid(orjson.loads(path.read_bytes()))
+                kept = self._valid(orjson.loads(path.read_bytes()))
             except (OSError, ValueError):
-                pass  # none kept yet (or unreadable): the next heartbeat brings it
+                kept = None
+            if kept is not None:  # else none kept yet (or unreadable): the next heartbeat brings it
+                self._revoked = kept
 
     def update(self, revoked: object) -> None:
         fresh = self._valid(revoked)
