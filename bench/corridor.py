@@ -27,13 +27,13 @@ from typing import Any
 import anyio
 import orjson
 
-import gateway.scheduler as scheduler_module
-from gateway.attempt import UpstreamCall
-from gateway.dispatch import Dispatcher
-from gateway.generation import Generation
-from gateway.stream_log import StreamLog
-from gateway.tickets import Ticket
-from gateway.upstream import WorkerClient
+import gateway.corridor.scheduler as scheduler_module
+from gateway.corridor.attempt import UpstreamCall
+from gateway.corridor.dispatch import Dispatcher
+from gateway.corridor.generation import Generation
+from gateway.corridor.stream_log import StreamLog
+from gateway.corridor.tickets import Ticket
+from gateway.upstream.client import WorkerClient
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot
@@ -60,7 +60,7 @@ async def _scheduler(supervisor: Supervisor,
         ref = await supervisor.spawn(lambda: actor(POLICY, directory), name="scheduler",
                                      mailbox_size=4096)
         return ref, ref, "actor"
-    from gateway.scheduling import SchedulerClock, SchedulerDoor
+    from gateway.corridor.scheduling import SchedulerClock, SchedulerDoor
 
     plain = scheduler_module.Scheduler(POLICY, directory)
     supervisor.run_service("scheduler-clock", SchedulerClock(plain).run)

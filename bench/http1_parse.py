@@ -1,4 +1,4 @@
-"""CPU per parsed streamed reply: ``gateway.http1`` next to h11 (and httptools if present).
+"""CPU per parsed streamed reply: ``gateway.upstream.http1`` next to h11 (and httptools if present).
 
 One reply as a worker streams it: a 200 head, then 300 SSE events (chat
 completion chunks of about 190 bytes) chunked, then ``data: [DONE]`` and the
@@ -9,7 +9,7 @@ last chunk. Each parser is driven over the same bytes, cut two ways:
 * ``mss``: 1,448-byte reads (coalesced writes under load), cut anywhere,
   mid-chunk-size line included.
 
-Ours is driven as ``gateway.worker_http`` drives it (``parse_head``,
+Ours is driven as ``gateway.upstream.worker_http`` drives it (``parse_head``,
 ``body_framing``, one ``decode`` per read). h11 is driven as a pooled client
 would: per reply, ``send`` the request events, feed each read with
 ``receive_data`` and pull events until ``NEED_DATA``, then
@@ -36,7 +36,7 @@ from typing import Any
 
 import h11
 
-from gateway.http1 import body_framing, parse_head
+from gateway.upstream.http1 import body_framing, parse_head
 
 EVENTS = 300
 MSS = 1448

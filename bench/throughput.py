@@ -9,7 +9,7 @@ servers):
   JSON object) served by Hypercorn with the library's defaults, started by
   this module (``python -m bench.throughput --bare ...``);
 - ``hypercorn_transport``: the same hello-world app served through Hedgerow's
-  own transport (``gateway.transport.serve`` with ``build_config``: its
+  own transport (``gateway.edge.transport.serve`` with ``build_config``: its
   accept loop with the connection cap, write coalescing, the HTTP/2 guard and
   the other Hypercorn patches): the baseline that isolates what the gateway's
   request path costs, since ``bare_hypercorn`` lacks the transport's gains;
@@ -120,7 +120,7 @@ def serve_bare(port: int, certfile: Path, keyfile: Path) -> None:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
-    from gateway.transport import MAX_REQUESTS_PER_CONNECTION
+    from gateway.edge.transport import MAX_REQUESTS_PER_CONNECTION
 
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]
@@ -131,12 +131,12 @@ def serve_bare(port: int, certfile: Path, keyfile: Path) -> None:
 
 
 def serve_with_transport(port: int, certfile: Path, keyfile: Path) -> None:
-    """The hello-world app through ``gateway.transport.serve``, configured as the
+    """The hello-world app through ``gateway.edge.transport.serve``, configured as the
     gateway configures it (TCP only: h2load does not speak HTTP/3)."""
     import anyio
 
     from hedgerow.connection_cap import ConnectionCap
-    from gateway.transport import build_config, serve
+    from gateway.edge.transport import build_config, serve
 
     config = build_config(port=port, certfile=certfile, keyfile=keyfile, http3=False)
 

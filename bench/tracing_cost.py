@@ -32,14 +32,14 @@ from typing import Any
 import anyio
 
 from bench.corridor import BODY, POLICY
-from gateway.attempt import UpstreamCall
-from gateway.dispatch import Dispatcher
-from gateway.generation import Generation
-from gateway.scheduler import Scheduler
-from gateway.scheduling import SchedulerClock, SchedulerDoor
-from gateway.stream_log import StreamLog
-from gateway.tickets import Ticket
-from gateway.upstream import WorkerClient
+from gateway.corridor.attempt import UpstreamCall
+from gateway.corridor.dispatch import Dispatcher
+from gateway.corridor.generation import Generation
+from gateway.corridor.scheduler import Scheduler
+from gateway.corridor.scheduling import SchedulerClock, SchedulerDoor
+from gateway.corridor.stream_log import StreamLog
+from gateway.corridor.tickets import Ticket
+from gateway.upstream.client import WorkerClient
 from hedgerow import tracing
 from hedgerow.actors import Supervisor
 from hedgerow.latest import LatestValue

@@ -118,7 +118,7 @@ async def timed(backend: LlamaBackend, request: GenerationRequest) -> Timed:
                 last = now
                 chunks += 1
                 parts.append(event.text)
-            else:
+            elif isinstance(event, Finished):
                 finished = event
     assert finished is not None and first is not None and last is not None
     rate = (chunks - 1) / (last - first) if chunks > 1 and last > first else None

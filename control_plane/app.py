@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,7 +205,7 @@ class ControlPlaneApp:
             await stream_until_disconnect(request, 200, list(SSE_HEADERS),
                                           self._snapshots(start, PEER.get()))
 
-    def _snapshots(self, version: int, peer: Peer | None) -> AsyncIterator[bytes]:
+    def _snapshots(self, version: int, peer: Peer | None) -> AsyncGenerator[bytes, None]:
         trust = self.trust
         return sse_of_latest(
             self.published, version, lambda snapshot: snapshot.model_dump(mode="json"),

@@ -11,7 +11,8 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from control_plane.admin_auth import LOOPBACK, AdminGuard, admin_bind_host
+from control_plane.admin_auth import AdminGuard
+from hedgerow.admin_token import LOOPBACK, admin_bind_host
 from control_plane.app import ControlPlaneApp
 from control_plane.metrics import ControlPlaneMetrics
 from control_plane.key_file import restore_keys, save_keys
@@ -29,6 +30,7 @@ from hedgerow.latest import LatestValue
 from hedgerow.listener_limits import INTERNAL, JOIN, ListenerLimits
 from hedgerow.redis_conn import RedisTls
 from hedgerow.serving import serve_internal
+from hedgerow.http_stack import check_versions
 from hedgerow.trust.credentials import Credentials, TlsContexts
 from hedgerow.trust.identity import Identity
 from hedgerow.wire import RegistrySnapshot
@@ -83,6 +85,7 @@ async def run_control_plane(
     ``internal_limits``, ``join_limits``: connection limits of the main (``port``)
     and join listeners, applied at accept over TLS (``hedgerow.listener_limits``).
     Reports the main port on start."""
+    check_versions()  # the pinned hypercorn/h2, or refuse to start
     trust, contexts = _open_trust(trust_options, host, admin_host)
     if trust is None:  # plain HTTP: without a token the admin API stays on loopback
         if admin_port is None:

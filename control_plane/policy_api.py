@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import time
 import unicodedata
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from urllib.parse import unquote_plus
 
@@ -84,7 +84,7 @@ class PolicyApi:
         await stream_until_disconnect(request, 200, list(SSE_HEADERS),
                                       self._versions(PEER.get()))
 
-    def _versions(self, peer: Peer | None) -> AsyncIterator[bytes]:
+    def _versions(self, peer: Peer | None) -> AsyncGenerator[bytes, None]:
         return sse_of_latest(
             self.published, -1, lambda current: {"version": current.version,
                                                  "checksum": current.checksum,

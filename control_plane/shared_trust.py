@@ -78,9 +78,10 @@ class SharedTrust:
                 continue
             await self.redis.hset(table, key, self._seal(table, key, record))  # type: ignore[misc]
 
-    def _seal(self, table: str, key: str, record: object) -> bytes:
+    def _seal(self, table: str, key: str, record: object) -> str:
+        # str, as redis-py's hset is typed; JSON is UTF-8, so Redis holds the same bytes
         body = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
-        return orjson.dumps({"r": orjson.loads(body), "m": self._mac(table, key, body)})
+        return orjson.dumps({"r": orjson.loads(body), "m": self._mac(table, key, body)}).decode()
 
     def _open(self, table: str, key: str, raw: bytes | str) -> object:
         sealed = orjson.loads(raw)

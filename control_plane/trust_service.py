@@ -178,7 +178,7 @@ class TrustService:
 
     # --- operators ----------------------------------------------------------
 
-    def create_token(self, role: Role, *, ttl_s: float, name: str | None,
+    def create_token(self, role: str, *, ttl_s: float, name: str | None,
                      description: str) -> tuple[str, dict[str, object]]:
         text, record = self.book.create_token(role, self.clock(), ttl_s=ttl_s, name=name,
                                               description=description)

@@ -3,14 +3,14 @@
 Request path: identify the tenant, read the body within the policy's limit,
 validate, resolve the model, and build a ``Ticket`` (class deadline, token
 estimate, route preferences). The scheduler, called directly through its
-door (``gateway.scheduling``), admits it or refuses it at once (429/503,
+door (``gateway.corridor.scheduling``), admits it or refuses it at once (429/503,
 never touching a worker), then assigns it a worker slot in deadline order; the dispatcher gets its first token (retrying or hedging as
 needed); the relay streams the rest. A client that goes away cancels all of
 it, which stops the generation upstream.
 
 This app is the public port: the client API, the chat page, ``/healthz`` and
 ``/readyz``, nothing else. Metrics (``render_metrics``) are served by the
-admin listener (``gateway.admin``). Until a policy is in force
+admin listener (``gateway.admin.api``). Until a policy is in force
 (``awaiting_policy``: following the control plane, none received yet) every
 client API route answers 503 ``policy_unavailable`` rather than serve under a
 built-in default the operator never chose.
@@ -27,9 +27,9 @@ from typing import Any
 import anyio
 import orjson
 
-from gateway.access_log import AccessLog
-from gateway.attempt import UpstreamCall
-from gateway.dialects import (
+from gateway.admin.access_log import AccessLog
+from gateway.corridor.attempt import UpstreamCall
+from gateway.corridor.dialects import (
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
     OPENAI_COMPLETIONS,
@@ -37,23 +37,23 @@ from gateway.dialects import (
     Dialect,
     anthropic_errors,
 )
-from gateway.dispatch import Dispatcher
-from gateway.drain import Drain, InFlight
-from gateway import embed_route
-from gateway.embeddings import EmbeddingModel
-from gateway.key_gate import KeyGate
-from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics
-from gateway.usage_metrics import policy_prices
-from gateway.page import CHAT_PAGE, CHAT_PAGE_CSP
+from gateway.corridor.dispatch import Dispatcher
+from gateway.corridor.drain import Drain, InFlight
+from gateway.corridor import embed_route
+from gateway.corridor.embeddings import EmbeddingModel
+from gateway.corridor.key_gate import KeyGate
+from gateway.admin.metrics import CLIENT_CLOSED, GatewayMetrics, RequestMetrics
+from gateway.admin.usage_metrics import policy_prices
+from gateway.edge.page import CHAT_PAGE, CHAT_PAGE_CSP
 from gateway.cache import Hit, ResponseCache
 from gateway.cache.entry import entry_from_fold
 from gateway.cache.keys import bypasses_lookup, cacheable
-from gateway.generation import Generation, classify
-from gateway.tracing_attributes import describe_request, request_attributes
-from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
-from gateway.stream_log import StreamBook, StreamLog
-from gateway.scheduling import SchedulerDoor
-from gateway.tickets import Ticket
+from gateway.corridor.generation import Generation, classify
+from gateway.admin.tracing_attributes import describe_request, request_attributes
+from gateway.corridor.relay import ClientStalled, RelayOutcome, completion_body, follow_log
+from gateway.corridor.stream_log import StreamBook, StreamLog
+from gateway.corridor.scheduling import SchedulerDoor
+from gateway.corridor.tickets import Ticket
 from hedgerow import embeddings_api, tracing
 from hedgerow import openai_api as oa
 from hedgerow.body_budget import BodyBudget
@@ -235,7 +235,7 @@ class GatewayApp:
 
     async def _embed(self, request: Request, observed: RequestMetrics) -> None:
         """Admitted like a completion (tenant, body limits, requests/s), then
-        answered by the cache's embedder (``gateway.embeddings``)."""
+        answered by the cache's embedder (``gateway.corridor.embeddings``)."""
         if self.drain.draining:
             raise GatewayDraining("this gateway is shutting down; retry", retry_after=1)
         policy = self.policy
@@ -275,7 +275,7 @@ class GatewayApp:
     async def _embed_elsewhere(self, request: Request, observed: RequestMetrics,
                                identity: Identity, policy: Policy,
                                request_json: dict[str, Any]) -> None:
-        """A model a worker or upstream offers for embeddings (``gateway.embed_route``):
+        """A model a worker or upstream offers for embeddings (``gateway.corridor.embed_route``):
         the same admission, then forwarded, retried on another if one fails."""
         requested = str(request_json["model"])
         model = policy.canonical_model(requested)
@@ -315,7 +315,7 @@ class GatewayApp:
 
     async def messages(self, request: Request) -> None:
         """Anthropic's Messages API: the chat path, its request translated on the
-        way in and its answer on the way out (``gateway.dialects``)."""
+        way in and its answer on the way out (``gateway.corridor.dialects``)."""
         request.send = AnthropicSend(request)
         await self._complete(request, ANTHROPIC_MESSAGES)
 

@@ -11,38 +11,39 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from control_plane.admin_auth import admin_bind_host
-from gateway.admin import GatewayAdmin
+from hedgerow.admin_token import admin_bind_host
+from gateway.admin.api import GatewayAdmin
 from gateway.app import GatewayApp
 from gateway.cache import ResponseCache
-from gateway.cert_reload import DEFAULT_POLL_S, CertificateReloader
+from gateway.edge.cert_reload import DEFAULT_POLL_S, CertificateReloader
 from hedgerow.connection_cap import DEFAULT_MAX_CONNECTIONS, ConnectionCap, fit_file_limit
-from gateway.cors import CorsMiddleware
-from gateway.security_headers import SecurityHeaders
+from gateway.edge.cors import CorsMiddleware
+from gateway.edge.security_headers import SecurityHeaders
 from hedgerow.source_limits import SourceLimits, SourceLimitsConfig
-from gateway.dispatch import Dispatcher
-from gateway.drain import Drain
-from gateway.devcert import ensure_dev_certificate
-from gateway.follower import RegistryFollower
-from gateway.key_gate import KeyGate, LocalBudgets
-from gateway.key_secret import KeySecretFetcher
-from gateway.policy_follower import PolicyFollower, RunningPolicy
-from gateway.scheduler import Scheduler
-from gateway.scheduling import CLOCK_RESTARTS, SchedulerClock, SchedulerDoor
-from gateway.shared_budgets import SharedBudgets
-from gateway.shared_limits import open_shared_limits
-from gateway.quic_admission import QuicFrontDoor, QuicLimits
-from gateway.h2_budget import H2Limits
-from gateway.h2_guard import H2_GUARD_STATS
-from gateway.ticket_keys import DEFAULT_ROTATION_S
-from gateway.transport import (MAX_REQUESTS_PER_CONNECTION, QUIC_SESSION_TICKETS, Listeners,
-                               build_config, local_hosts, serve)
-from gateway.upstream import WorkerClient
+from gateway.corridor.dispatch import Dispatcher
+from gateway.corridor.drain import Drain
+from gateway.edge.devcert import ensure_dev_certificate
+from gateway.followers.follower import RegistryFollower
+from gateway.corridor.key_gate import KeyGate, LocalBudgets
+from gateway.followers.key_secret import KeySecretFetcher
+from gateway.followers.policy_follower import PolicyFollower, RunningPolicy
+from gateway.corridor.scheduler import Scheduler
+from gateway.corridor.scheduling import CLOCK_RESTARTS, SchedulerClock, SchedulerDoor
+from gateway.corridor.shared_budgets import SharedBudgets
+from gateway.corridor.shared_limits import open_shared_limits
+from gateway.edge.quic_admission import QuicFrontDoor, QuicLimits
+from gateway.edge.h2_budget import H2Limits
+from gateway.edge.h2_guard import H2_GUARD_STATS
+from gateway.edge.ticket_keys import DEFAULT_ROTATION_S
+from gateway.edge.transport import (MAX_REQUESTS_PER_CONNECTION, QUIC_SESSION_TICKETS,
+                                    Listeners, build_config, local_hosts, serve)
+from gateway.upstream.client import WorkerClient
 from hedgerow.actors import Supervisor
 from hedgerow.body_budget import DEFAULT_BODY_BUDGET_BYTES, BodyBudget
 from hedgerow.latest import LatestValue
 from hedgerow.redis_conn import RedisTls, check_redis, warm_up
 from hedgerow.serving import serve_internal
+from hedgerow.http_stack import check_versions
 from hedgerow.trust.peer import require_roles
 from hedgerow.trust.process import InternalTls
 from hedgerow.wire import RegistrySnapshot
@@ -59,7 +60,7 @@ DRAIN_GRACE_S = 2.0
 
 @dataclass(frozen=True)
 class ProcessSlot:
-    """This process is ``index`` of ``count`` serving one port (``gateway.processes``):
+    """This process is ``index`` of ``count`` serving one port (``gateway.edge.processes``):
     it serves the sockets its parent bound, and its admin listener is on admin_port + index."""
 
     index: int
@@ -87,11 +88,11 @@ class GatewayOptions:
     # This gateway's PoP: routing prefers workers labelled pop=<it> (policies.locality).
     pop: str | None = None
     # Tenants' requests/s and tokens/min limits shared with every gateway on this Redis
-    # (``gateway.shared_limits``), and the response cache. None: each gateway on
+    # (``gateway.corridor.shared_limits``), and the response cache. None: each gateway on
     # its own. Kept out of repr: the URL may carry the ACL user's password.
     redis_url: str | None = field(default=None, repr=False)
     redis_tls: RedisTls = RedisTls()
-    # The admin API (cache purge, stats; ``gateway.admin``) on its own plain
+    # The admin API (cache purge, stats; ``gateway.admin.api``) on its own plain
     # HTTP listener. None: not served. Without a token: loopback only.
     admin_port: int | None = None
     admin_host: str = "127.0.0.1"
@@ -103,7 +104,7 @@ class GatewayOptions:
     # QUIC handshakes (Retry, half-open caps, timeout) and HTTP/3 header bounds.
     quic: QuicLimits = QuicLimits()
     # Requests per connection (then HTTP/2 drains gracefully) and the
-    # per-connection HTTP/2 flood budgets (``gateway.h2_budget``).
+    # per-connection HTTP/2 flood budgets (``gateway.edge.h2_budget``).
     max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION
     h2_limits: H2Limits = H2Limits()
     # Per client IP and /24 (IPv6: /64), checked at accept before the cap above:
@@ -136,6 +137,7 @@ async def run_gateway(
     *,
     task_status: TaskStatus[GatewayStarted] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
+    check_versions()  # the pinned hypercorn/aioquic/h2, or refuse to start
     # Following the control plane, the shipped default only builds the parts;
     # ``awaiting_policy`` keeps it from serving anyone until the first version.
     policy = load_policy(options.policy_path or DEFAULT_POLICY_PATH)

@@ -12,7 +12,7 @@ import logging
 import math
 import re
 from contextlib import aclosing
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -304,7 +304,7 @@ SSE_DONE = b"data: [DONE]\n\n"
 async def sse_of_latest(
     latest: LatestValue[T], version: int, render: Callable[[T], Any], *,
     keepalive_s: float, still_allowed: Callable[[], bool], check_s: float = 1.0,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """SSE for a watch stream: each newer value of ``latest`` (rendered), a
     keep-alive comment after ``keepalive_s`` of silence, and the end of the stream
     once ``still_allowed()`` turns false (checked at least every ``check_s``: a
@@ -332,7 +332,7 @@ async def wait_for_disconnect(receive: Receive) -> None:
 
 
 async def stream_until_disconnect(
-    request: Request, status: int, headers: Headers, chunks: AsyncIterator[bytes]
+    request: Request, status: int, headers: Headers, chunks: AsyncGenerator[bytes, None]
 ) -> bool:
     """Send ``chunks`` as one streamed response; stop at once if the client leaves.
 

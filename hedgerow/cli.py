@@ -25,12 +25,12 @@ from hedgerow import tracing
 from hedgerow.cli_env import EnvironmentValueError, apply_environment
 from hedgerow.extras import missing_extras
 from hedgerow.logs import LOG_FORMATS, configure_logging
-from hedgerow.trust.process import add_trust_arguments
+from hedgerow.cli_flags import add_listener_limit_options, add_trust_arguments
 
 if TYPE_CHECKING:
     from gateway.main import GatewayOptions
-    from gateway.processes import ChildSlot
-    from gateway.quic_admission import QuicLimits
+    from gateway.edge.processes import ChildSlot
+    from gateway.edge.quic_admission import QuicLimits
     from hedgerow.trust.process import InternalTls
     from hedgerow.redis_conn import RedisTls
     from workers.sim_backend import LatencyModel, SlowPeriods
@@ -209,8 +209,6 @@ def _add_control_plane(commands: argparse._SubParsersAction) -> None:  # type: i
                     help="another DNS name or IP clients reach it by (repeatable)")
     cp.add_argument("--insecure-internal", action="store_true",
                     help="DEBUG ONLY: plain HTTP, and every caller believed")
-    from hedgerow.listener_limits import add_listener_limit_options  # light: no I/O
-
     add_listener_limit_options(cp)
     cp.set_defaults(run=_run_control_plane)
 
@@ -244,16 +242,19 @@ def _redis_tls(args: argparse.Namespace) -> RedisTls:
 
 
 def _run_reporting_setup_errors(run: Callable[[], None]) -> int:
-    """``run()``; a ``RedisSetupError`` (wrong CA, password, ACL) or a ``CaError`` (an
-    unusable CA or state directory) ends it with its message and exit status 1
-    rather than a traceback."""
+    """``run()``; a ``RedisSetupError`` (wrong CA, password, ACL), a ``CaError`` (an
+    unusable CA or state directory) or an ``UntestedHttpStack`` (a hypercorn,
+    aioquic or h2 other than the pinned one) ends it with its message and exit
+    status 1 rather than a traceback."""
+    from hedgerow.http_stack import UntestedHttpStack
     from hedgerow.redis_conn import RedisSetupError
     from hedgerow.trust.ca import CaError
 
     try:
         run()
-    except (RedisSetupError, CaError, BaseExceptionGroup) as error:
-        problem = (_setup_error(error, RedisSetupError) or _setup_error(error, CaError))
+    except (RedisSetupError, CaError, UntestedHttpStack, BaseExceptionGroup) as error:
+        problem = (_setup_error(error, RedisSetupError) or _setup_error(error, CaError)
+                   or _setup_error(error, UntestedHttpStack))
         if problem is None:
             raise
         logging.getLogger("hedgerow").error("cannot start: %s", problem)
@@ -389,7 +390,7 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def _add_quic_limits(gw: argparse.ArgumentParser) -> None:
-    from gateway.quic_admission import RETRY_MODES, QuicLimits
+    from gateway.edge.quic_admission import RETRY_MODES, QuicLimits
 
     d = QuicLimits()
     quic = gw.add_argument_group("QUIC / HTTP/3 limits (docs/security.md)")
@@ -428,7 +429,7 @@ def _add_quic_limits(gw: argparse.ArgumentParser) -> None:
 def _quic_limits(args: argparse.Namespace) -> QuicLimits:
     from dataclasses import fields
 
-    from gateway.quic_admission import QuicLimits
+    from gateway.edge.quic_admission import QuicLimits
 
     return QuicLimits(**{f.name: getattr(args, f"quic_{f.name}") for f in fields(QuicLimits)})
 
@@ -476,8 +477,8 @@ def _run_cache(args: argparse.Namespace) -> int:
     import httpx
     import orjson
 
-    from control_plane.admin_auth import read_admin_token
-    from gateway.admin import purge
+    from hedgerow.admin_token import read_admin_token
+    from gateway.admin.api import purge
 
     try:
         token = read_admin_token(args.admin_token_file)
@@ -633,7 +634,7 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     from hedgerow.policy_cli import check_startup_policy
     from policies.schema import DEFAULT_POLICY_PATH
 
-    from control_plane.admin_auth import read_admin_token, read_metrics_token
+    from hedgerow.admin_token import read_admin_token, read_metrics_token
 
     policy_file = args.policy or DEFAULT_POLICY_PATH
     problem = check_startup_policy(policy_file, args.policy_dir)
@@ -657,7 +658,7 @@ def _run_control_plane(args: argparse.Namespace) -> int:
     trust = TrustOptions(state_dir=args.state_dir, join_port=args.join_port,
                          ca_cert=args.ca_cert, ca_key=args.ca_key, cert_ttl_s=args.cert_ttl_s,
                          tls_sans=tuple(args.tls_san), insecure=args.insecure_internal)
-    from hedgerow.listener_limits import listener_limits
+    from hedgerow.cli_flags import listener_limits
 
     try:
         internal_limits, join_limits = listener_limits(
@@ -675,9 +676,9 @@ def _run_control_plane(args: argparse.Namespace) -> int:
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
-    from control_plane.admin_auth import read_admin_token, read_metrics_token
+    from hedgerow.admin_token import read_admin_token, read_metrics_token
     from gateway.main import GatewayOptions, run_gateway
-    from gateway.transport import local_hosts
+    from gateway.edge.transport import local_hosts
 
     try:
         admin_token = read_admin_token(args.admin_token_file)
@@ -696,14 +697,14 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if args.max_requests_per_connection < 1:
         print("hedgerow: --max-requests-per-connection must be at least 1", file=sys.stderr)
         return 1
-    from gateway.processes import ChildSlot, default_processes
+    from gateway.edge.processes import ChildSlot, default_processes
 
     child = ChildSlot.from_env()
     processes = default_processes() if args.processes is None else args.processes
     if not 1 <= processes <= 256:
         print("hedgerow: --processes must be 1 to 256", file=sys.stderr)
         return 1
-    from gateway.h2_budget import parse_h2_limits
+    from gateway.edge.h2_budget import parse_h2_limits
     if not 0 < args.tls_ticket_rotation_s < float("inf"):
         print("hedgerow: --tls-ticket-rotation-s must be a positive number", file=sys.stderr)
         return 1
@@ -733,7 +734,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         print(f"hedgerow: --h2-limit: {error}", file=sys.stderr)
         return 1
 
-    from gateway.access_log import configure_access_log
+    from gateway.admin.access_log import configure_access_log
 
     try:
         configure_access_log(args.access_log)
@@ -770,8 +771,8 @@ def _run_gateway(args: argparse.Namespace) -> int:
 def _supervise_gateways(args: argparse.Namespace, options: GatewayOptions,
                         processes: int) -> int:
     """``--processes N``: bind the port's sockets, start and watch N children."""
-    from gateway.devcert import ensure_dev_certificate
-    from gateway.processes import SteeringUnavailable, Supervisor, bind_groups
+    from gateway.edge.devcert import ensure_dev_certificate
+    from gateway.edge.processes import SteeringUnavailable, Supervisor, bind_groups
 
     if options.certfile is None or options.keyfile is None:
         ensure_dev_certificate(options.state_dir)  # once, before the children race for it
@@ -796,8 +797,8 @@ def _supervise_gateways(args: argparse.Namespace, options: GatewayOptions,
 def _run_gateway_child(options: GatewayOptions, child: ChildSlot) -> int:
     """One of ``--processes N``: serve the inherited sockets, tell the parent when up."""
     from gateway.main import ProcessSlot, run_gateway
-    from gateway.processes import CHILD_ENV, die_with_parent
-    from gateway.transport import Listeners
+    from gateway.edge.processes import CHILD_ENV, die_with_parent
+    from gateway.edge.transport import Listeners
     from hedgerow.http_stack.quic_cid import install_cid_steering
 
     os.environ.pop(CHILD_ENV, None)  # nothing this process starts is a gateway child
@@ -859,7 +860,7 @@ def _internal_tls(args: argparse.Namespace, role: str, name: str, control_plane:
     from hedgerow.trust.credentials import CredentialsError
     from hedgerow.trust.identity import IdentityError
     from hedgerow.trust.join import JoinError
-    from hedgerow.trust.process import internal_tls
+    from hedgerow.cli_flags import internal_tls
 
     try:
         return internal_tls(args, role, name, control_plane, state_dir)  # type: ignore[arg-type]

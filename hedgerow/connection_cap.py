@@ -33,7 +33,7 @@ too many open, or opens them too fast, is closed the same way, before the
 cap is asked; its source's slots are given back with the cap's.
 
 QUIC (HTTP/3) connections take slots of the same cap and of the same
-per-client limits: see ``gateway.quic_admission``.
+per-client limits: see ``gateway.edge.quic_admission``.
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ async def capped_start_server(callback: StreamCallback, host: Any = None, port: 
 
 class HypercornAsyncio:
     """The ``asyncio`` module as hypercorn's worker sees it: all of it, except that
-    ``start_server`` is ``capped_start_server`` (``transport.install_hypercorn_patches``)."""
+    ``start_server`` is ``capped_start_server`` (``hedgerow.http_stack.accept_loop``)."""
 
     start_server = staticmethod(capped_start_server)
 

@@ -2,7 +2,7 @@
 
 Served from the embedding model the gateway already runs for its semantic
 cache (all-MiniLM-L6-v2, 384 dimensions, unit-length vectors), or forwarded
-to a worker or upstream that offers the requested model (``gateway.embed_route``),
+to a worker or upstream that offers the requested model (``gateway.corridor.embed_route``),
 checked here the same way but for ``dimensions``, which is that model's to judge. Every field
 is checked as ``hedgerow.api_params.EMBEDDINGS_PARAMS`` says: ``input`` as a
 string or a list of strings (token arrays are refused: the ids would be

@@ -96,7 +96,7 @@ class Stack:
     def gateway_hosts(self) -> tuple[str, ...]:
         """The default 127.0.0.1 also brings ::1: browsers try it first for localhost."""
         if self.host == "127.0.0.1":
-            from gateway.transport import local_hosts
+            from gateway.edge.transport import local_hosts
 
             return local_hosts()
         return (self.host,)
@@ -324,7 +324,7 @@ def busy_ports(stack: Stack) -> list[str]:
 
 
 def run_stack(stack: Stack) -> int:
-    from gateway.devcert import ensure_dev_certificate
+    from gateway.edge.devcert import ensure_dev_certificate
 
     busy = busy_ports(stack)
     if busy:

@@ -1,4 +1,4 @@
-"""Connection limits of the control plane's listeners, and their flags.
+"""Connection limits of the control plane's listeners (their flags: ``hedgerow.cli_flags``).
 
 The gateway's public port is bounded at accept, before any TLS byte, by a
 total cap (``hedgerow.connection_cap``) behind per-client limits
@@ -20,12 +20,11 @@ by default, as on the gateway (the launcher, local health checks).
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 
 from hedgerow.connection_cap import ConnectionCap
-from hedgerow.source_limits import BURST_S, DEFAULT_EXEMPT, SourceLimits, SourceLimitsConfig
+from hedgerow.source_limits import DEFAULT_EXEMPT, SourceLimits, SourceLimitsConfig
 
 
 @dataclass(frozen=True)
@@ -68,43 +67,3 @@ INTERNAL = ListenerLimits(max_connections=4096, max_per_ip=256, new_per_ip=50.0,
 # 8 slots for at most the handshake timeout each, not the listener.
 JOIN = ListenerLimits(max_connections=64, max_per_ip=8, new_per_ip=5.0,
                       handshake_timeout_s=5.0)
-
-
-def add_listener_limit_options(parser: argparse.ArgumentParser) -> None:
-    """The control plane's flags: ``--max-connections``, ``--join-max-connections``..."""
-    for prefix, limits, what in (("", INTERNAL, "the internal listener (--port)"),
-                                 ("join-", JOIN, "the join listener (--join-port)")):
-        parser.add_argument(f"--{prefix}max-connections", type=int,
-                            default=limits.max_connections, metavar="N",
-                            help=f"open connections to {what} at most; beyond it new ones "
-                                 f"are closed at accept, before TLS (default "
-                                 f"{limits.max_connections})")
-        parser.add_argument(f"--{prefix}max-connections-per-ip", type=int,
-                            default=limits.max_per_ip, metavar="N",
-                            help=f"open connections to {what} from one client IP at most "
-                                 f"(default {limits.max_per_ip}; 0: no limit)")
-        parser.add_argument(f"--{prefix}new-connections-per-ip", type=float,
-                            default=limits.new_per_ip, metavar="PER_S",
-                            help=f"new connections a second to {what} from one client IP, "
-                                 f"with a burst of {BURST_S:g} s worth (default "
-                                 f"{limits.new_per_ip:g}; 0: no limit)")
-        parser.add_argument(f"--{prefix}handshake-timeout-s", type=float,
-                            default=limits.handshake_timeout_s, metavar="S",
-                            help=f"a TLS handshake on {what} not done within this is closed "
-                                 f"(default {limits.handshake_timeout_s:g})")
-    parser.add_argument("--connection-limits-exempt", default=",".join(DEFAULT_EXEMPT),
-                        metavar="CIDR,...", help="client networks the per-IP limits of both "
-                        "listeners never apply to (default: loopback, "
-                        + ",".join(DEFAULT_EXEMPT) + "; 'none': no exemption)")
-
-
-def listener_limits(args: argparse.Namespace,
-                    exempt: tuple[str, ...]) -> tuple[ListenerLimits, ListenerLimits]:
-    """(internal, join) from parsed flags; ValueError names a bad value."""
-    return tuple(  # type: ignore[return-value]
-        ListenerLimits(max_connections=getattr(args, f"{p}max_connections"),
-                       max_per_ip=getattr(args, f"{p}max_connections_per_ip"),
-                       new_per_ip=getattr(args, f"{p}new_connections_per_ip"),
-                       handshake_timeout_s=getattr(args, f"{p}handshake_timeout_s"),
-                       exempt=exempt)
-        for p in ("", "join_"))

@@ -207,7 +207,7 @@ class _Unreachable(Exception):
 
 
 def _admin_headers(args: argparse.Namespace) -> dict[str, str]:
-    from control_plane.admin_auth import read_admin_token
+    from hedgerow.admin_token import read_admin_token
 
     try:
         token = read_admin_token(args.admin_token_file)

@@ -1,6 +1,6 @@
 """Serving an internal ASGI app (control plane, worker, admin listeners).
 
-The public, TLS/QUIC side of the gateway lives in ``gateway.transport``; this
+The public, TLS/QUIC side of the gateway lives in ``gateway.edge.transport``; this
 is the small internal twin: HTTP/1.1 over mutual TLS with the context the
 caller gives (``hedgerow.trust.credentials.TlsContexts.server``), so that a
 connection without a certificate from the cluster CA is refused in the
@@ -24,13 +24,12 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 from anyio.abc import TaskStatus
-import hypercorn.asyncio.run
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from hedgerow.asgi import Receive, Scope, Send
-from hedgerow.connection_cap import ACTIVE_CAP, ConnectionCap, HypercornAsyncio
-from hedgerow.hypercorn_eof import install_eof_fix
+from hedgerow.connection_cap import ACTIVE_CAP, ConnectionCap
+from hedgerow.http_stack import accept_loop, eof
 from hedgerow.trust.peer import install_peer_capture
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -91,13 +90,12 @@ async def serve_internal(
 ) -> None:
     """Serve ``app`` until ``shutdown`` is set; report the bound port on start.
     ``connection_cap``: admit connections through it (TLS only)."""
-    install_eof_fix()
+    eof.install()
     install_peer_capture()
-    # Hypercorn's worker opens its listeners with ``asyncio.start_server``; this
-    # one applies the cap in ``ACTIVE_CAP`` (none: it is start_server itself).
-    # The gateway's transport installs the same (idempotent: one shared object).
-    if not isinstance(hypercorn.asyncio.run.asyncio, HypercornAsyncio):
-        hypercorn.asyncio.run.asyncio = HypercornAsyncio()  # type: ignore[assignment,attr-defined]
+    # Hypercorn's worker opens its listeners with ``asyncio.start_server``; the
+    # accept loop applies the cap in ``ACTIVE_CAP`` (none: it is start_server
+    # itself). The gateway's transport installs the same (idempotent).
+    accept_loop.install()
     # A context variable: set in this task, seen by the hypercorn worker it
     # runs, and by no other listener (each is served in a task of its own).
     ACTIVE_CAP.set(connection_cap)

@@ -13,7 +13,7 @@ holds, and what a client that rotates its addresses stays inside):
   ``BURST_S`` seconds' worth (``rate_per_ip``, ``rate_per_prefix``).
 
 QUIC connections are counted by the same instance when the QUIC front door
-admits them (``gateway.quic_admission``: after the Retry, when one is sent),
+admits them (``gateway.edge.quic_admission``: after the Retry, when one is sent),
 and give their slots back when they close: one client's TCP and QUIC
 connections share its limits.
 

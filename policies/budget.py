@@ -18,7 +18,7 @@ since the epoch.
 
 ``BudgetLedger`` is one gateway's own book (no Redis: each gateway enforces
 every budget by itself, so N gateways allow up to N times a budget);
-``gateway.shared_budgets`` keeps the same counters in Redis for all of them.
+``gateway.corridor.shared_budgets`` keeps the same counters in Redis for all of them.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -360,7 +360,7 @@ class _ResponseStream:
 
     async def sse(
         self, first: GenerationEvent, events: GenerationStream
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """``first`` (already read) and then the rest of ``events`` as SSE chunks."""
         if self.chat:
             yield sse_event(self._role(0))

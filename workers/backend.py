@@ -43,6 +43,7 @@ from typing import Any, Generic, Iterable, Literal, Protocol, Self, TypeVar
 import anyio
 
 from hedgerow.errors import InvalidRequest
+from hedgerow.wire import WorkerKind
 from workers.tool_calls import ToolSpec
 
 SlotT = TypeVar("SlotT")
@@ -237,9 +238,11 @@ class SeveralChoices(GenerationStreamBase):
 class Backend(Protocol):
     models: tuple[str, ...]
     slots: int
-    kind: str  # "gpu" | "cpu" | "sim" (hedgerow.wire.WorkerKind)
     device: str | None  # the GPU's name on a GPU worker
     device_memory_bytes: int | None  # and its memory
+
+    @property
+    def kind(self) -> WorkerKind: ...  # read-only: a backend may promise a narrower kind
 
     def generate(self, request: GenerationRequest) -> GenerationStream: ...
 

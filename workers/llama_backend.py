@@ -284,7 +284,7 @@ class LlamaBackend:
         for llama in self._llamas:
             llama.tally = _TokenTally()
             llama.create_completion(prompt="Hello", max_tokens=4, temperature=0.0, seed=0)
-            llama.reset()
+            llama.reset()  # type: ignore[no-untyped-call]  # unannotated in llama-cpp-python
             llama.cached_text = ""
 
     def close(self) -> None:
@@ -407,7 +407,8 @@ class LlamaGeneration(GenerationStreamBase):
         if self._chunks is None:
             assert self._llama is not None
             if not self._prompt_reuse:
-                self._llama.reset()  # forget the KV cache: the whole prompt is evaluated again
+                # forget the KV cache: the whole prompt is evaluated again
+                self._llama.reset()  # type: ignore[no-untyped-call]  # unannotated upstream
             self._chunks = llama_chunks(self._llama, self._request, self._grammar)
         for text, reason in self._chunks:
             if text or reason is not None:

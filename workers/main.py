@@ -25,6 +25,7 @@ from anyio.abc import TaskStatus
 
 from hedgerow.actors import Supervisor
 from hedgerow.serving import serve_internal
+from hedgerow.http_stack import check_versions
 from hedgerow.trust.peer import Revocations, require_roles
 from hedgerow.trust.process import InternalTls
 from hedgerow.wire import SelfRegistration, WorkerLoad
@@ -139,6 +140,7 @@ async def run_worker(
     *,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
+    check_versions()  # the pinned hypercorn/h2, or refuse to start
     worker_id = options.worker_id or default_worker_id(backend)
     state = WorkerState(worker_id=worker_id, ready=False)
     tls = options.tls or InternalTls(None, options.control_plane)
@@ -163,7 +165,7 @@ async def run_worker(
         registration = SelfRegistration(
             worker_id=worker_id,
             url=_url_of(tls.scheme, options.advertise_host or options.host, port),
-            kind=backend.kind,  # type: ignore[arg-type]
+            kind=backend.kind,
             device=backend.device,
             device_memory_bytes=backend.device_memory_bytes,
             models=backend.models,

@@ -53,6 +53,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Final
 
 import anyio
 
@@ -192,7 +193,7 @@ def draw_fate(request: GenerationRequest, latency: LatencyModel, rng: random.Ran
 class SimBackend:
     """``Backend`` over ``slots`` simulated model instances of ``model_name``."""
 
-    kind = "sim"
+    kind: Final = "sim"
     device: str | None = None
     device_memory_bytes: int | None = None
 

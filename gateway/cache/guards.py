@@ -11,6 +11,9 @@ that decide the answer agree between the new and the cached question:
 - code identifiers (snake_case, camelCase, dotted.names, `backticked`),
 - words with a one-word opposite (ascending/descending, upload/download),
 - word order, when both use the same words ("A compared to B" vs "B ... A"),
+- how the question asks (``asking``): why vs how, the tense asked about,
+  asking for a thing to be made vs what a thing is, two words trading
+  places ("can dogs eat cat food" / "can cats eat dog food"),
 - content words (``wording``): near-identical questions that differ in one
   content word or add one to a longer shared context.
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gateway.cache import wording
+from gateway.cache import asking, wording
 
 _WORD_NUMBERS = {
     "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
@@ -96,6 +99,9 @@ _NEGATIONS = {
     "wasn't", "weren't", "shouldn't", "wouldn't", "couldn't", "mustn't", "hasn't", "haven't",
     "hadn't", "avoid", "except", "excluding", "unless", "lack", "lacks", "fail", "fails",
     "stop", "prevent", "disable", "never", "neither", "non",
+    # as typed in chat, without the apostrophe ("wont" is a word, so not here)
+    "dont", "doesnt", "didnt", "isnt", "arent", "wasnt", "werent", "shouldnt", "wouldnt",
+    "couldnt", "hasnt", "havent", "hadnt", "mustnt",
 }
 # Words whose opposite is one word away: the answer flips with them ("sort in
 # ascending order" vs "descending"). Which of them a question uses must agree.
@@ -180,6 +186,7 @@ class Facts:
     words: tuple[str, ...]  # content words in order
     opposites: frozenset[str]  # words with a one-word antonym (ascending/descending)
     content: tuple[str, ...] = ()  # wording.content_words, in order
+    asks: asking.Asking = asking.Asking("", "", "", ())  # how it asks (why/how, tense, mood)
 
 
 def _canonical_number(text: str) -> str:
@@ -270,7 +277,8 @@ def facts(text: str) -> Facts:
     words = _words(text)
     return Facts(_numbers(text, words), _units(text), _negations(words),
                  _entities(text), _identifiers(text), tuple(w for w in words if w not in _FILLER),
-                 frozenset(w for w in words if w in _OPPOSITE_OF), wording.content_words(text))
+                 frozenset(w for w in words if w in _OPPOSITE_OF), wording.content_words(text),
+                 asking.asking(text))
 
 
 def compare(new: Facts, cached: Facts) -> str | None:
@@ -290,7 +298,7 @@ def compare(new: Facts, cached: Facts) -> str | None:
     # The same words in another order: "A compared to B" is not "B compared to A".
     if new.words != cached.words and sorted(new.words) == sorted(cached.words):
         return "word order"
-    return wording.changed(new.content, cached.content)
+    return wording.changed(new.content, cached.content) or asking.differs(new.asks, cached.asks)
 
 
 def _mentioned(entities: tuple[str, ...], other: Facts) -> bool:

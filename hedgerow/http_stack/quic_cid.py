@@ -10,24 +10,24 @@ such an id for other server-chosen ids (the Retry's source id,
 
 Why: ``hedgerow gateway --processes N`` serves one UDP port from N processes,
 one SO_REUSEPORT socket each, and a classic BPF program on the socket group
-(``gateway.processes``) hands each datagram to socket ``first byte of the
+(``gateway.edge.processes``) hands each datagram to socket ``first byte of the
 destination connection id % N``. A client addresses every packet after its
 first Initials to an id this process chose, so the datagrams of a connection
 reach the process that holds it, also after the client's address changes
 (connection migration): the kernel's 4-tuple hash alone would send a migrated
 client to a stranger.
 
-Written against aioquic 1.7.2 (``QuicConnection.__init__`` sets
+Written against aioquic 1.7.2 (``PINNED``: ``QuicConnection.__init__`` sets
 ``_host_cids``, ``host_cid`` and ``_local_initial_source_connection_id``;
 ``_replenish_connection_ids`` appends ``QuicConnectionId``s to
-``_host_cids``). The patch only rewrites ids after aioquic made them, so a
-changed signature passes through; ``install_cid_steering`` refuses to start
-when the attributes it rewrites are gone.
+``_host_cids``). The wrappers pass ``*args, **kwargs`` through and only
+rewrite ids after aioquic made them. If the internals moved: ``PatchError``
+at start naming the missing method. Scope: process (installed only in a child
+of ``--processes N``; client connections are never touched).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import secrets
 from dataclasses import dataclass
@@ -35,8 +35,9 @@ from typing import Any
 
 from aioquic.quic.connection import QuicConnection
 
-ASSUMED_VERSION = "1.7.2"
-_ORIGINAL = "_hedgerow_cid_unsteered"
+from hedgerow.http_stack.patch import require, undo, wrap
+
+NAME = "quic_cid"
 
 
 @dataclass(frozen=True)
@@ -77,18 +78,12 @@ def new_server_cid(length: int) -> bytes:
 
 def install_cid_steering(index: int, count: int) -> None:
     """Make this process's server connections issue ids steered to ``index``
-    of ``count`` (idempotent; a later call replaces the numbers)."""
+    of ``count`` (applied once; a later call replaces the numbers)."""
     global _STEERING
     steering = Steering(index, count)
-    if not hasattr(QuicConnection, _ORIGINAL):
-        replenish = getattr(QuicConnection, "_replenish_connection_ids", None)
-        if replenish is None:
-            raise RuntimeError("hedgerow.http_stack.quic_cid cannot patch this aioquic: "
-                               "no QuicConnection._replenish_connection_ids")
-        init = QuicConnection.__init__
-        setattr(QuicConnection, _ORIGINAL, (init, replenish))
+    require(QuicConnection, "__init__", "_replenish_connection_ids", patch=NAME)
 
-        @functools.wraps(init)
+    def steer_init(init: Any) -> Any:
         def steered_init(self: Any, *args: Any, **kwargs: Any) -> None:
             init(self, *args, **kwargs)
             if _STEERING is not None and not self._is_client:
@@ -96,17 +91,19 @@ def install_cid_steering(index: int, count: int) -> None:
                 first.cid = _STEERING.steer(first.cid)
                 self.host_cid = first.cid
                 self._local_initial_source_connection_id = first.cid
+        return steered_init
 
-        @functools.wraps(replenish)
-        def steered_replenish(self: Any) -> None:
+    def steer_replenish(replenish: Any) -> Any:
+        def steered_replenish(self: Any, *args: Any, **kwargs: Any) -> None:
             issued = len(self._host_cids)
-            replenish(self)
+            replenish(self, *args, **kwargs)
             if _STEERING is not None and not self._is_client:
                 for connection_id in self._host_cids[issued:]:
                     connection_id.cid = _STEERING.steer(connection_id.cid)
+        return steered_replenish
 
-        QuicConnection.__init__ = steered_init  # type: ignore[method-assign]
-        QuicConnection._replenish_connection_ids = steered_replenish  # type: ignore[method-assign]
+    wrap(QuicConnection, "__init__", steer_init, patch=NAME)
+    wrap(QuicConnection, "_replenish_connection_ids", steer_replenish, patch=NAME)
     _STEERING = steering
 
 
@@ -114,7 +111,4 @@ def uninstall_cid_steering() -> None:
     """Back to aioquic's own random ids (tests)."""
     global _STEERING
     _STEERING = None
-    original = getattr(QuicConnection, _ORIGINAL, None)
-    if original is not None:
-        QuicConnection.__init__, QuicConnection._replenish_connection_ids = original  # type: ignore[method-assign]
-        delattr(QuicConnection, _ORIGINAL)
+    undo(NAME)

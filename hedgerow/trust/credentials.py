@@ -12,7 +12,7 @@ Server contexts require a client certificate that chains to the cluster CA
 application code runs). Client contexts verify the server against the CA;
 ``check_hostname`` stays on for the control plane (whose certificate alone
 carries DNS/IP names) and is off where the peer is checked by identity
-instead (gateway → worker: see ``gateway.worker_http``).
+instead (gateway → worker: see ``gateway.upstream.worker_http``).
 """
 
 from __future__ import annotations

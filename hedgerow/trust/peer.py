@@ -1,19 +1,19 @@
 """The verified peer of the current connection, for the application.
 
 Hypercorn (0.18) gives an ASGI app no view of the client certificate (it does
-not implement ASGI's ``tls`` extension). ``install_peer_capture`` wraps
-``TCPServer.run`` — the coroutine that owns one accepted connection, and
-inside whose task every request task of that connection is created — to put
-the connection's verified client certificate in the ``PEER`` context variable
+not implement ASGI's ``tls`` extension). ``install_peer_capture`` hooks the
+start of each connection's task (``hedgerow.http_stack.tls_peer``) to put the
+connection's verified client certificate in the ``PEER`` context variable
 first. Child tasks copy the context when they are created, so each request
 sees its own connection's peer and no other. The upstream fix would be the
-``tls`` scope extension; this is that in one small, tested place.
+``tls`` scope extension (``docs/upstream/``).
 """
 
 from __future__ import annotations
 
 import datetime
 import math
+import ssl
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +22,11 @@ from typing import Any
 import orjson
 
 from cryptography import x509
-from hypercorn.asyncio.tcp_server import TCPServer
 
+from hedgerow.http_stack import tls_peer
 from hedgerow.trust.ca import issued_at, joined_at
 from hedgerow.trust.identity import Identity, identity_of
 from hedgerow.trust.pem import PUBLIC_MODE, write_atomically
-
-_ORIGINAL = "_hedgerow_original_run"
 
 
 @dataclass(frozen=True)
@@ -58,18 +56,12 @@ def peer_of(der: bytes | None) -> Peer | None:
 
 def install_peer_capture() -> None:
     """Idempotent."""
-    if hasattr(TCPServer, _ORIGINAL):
-        return
-    original = TCPServer.run
-    setattr(TCPServer, _ORIGINAL, original)
+    tls_peer.install(_capture)
 
-    async def run(self: Any) -> None:
-        ssl_object = self.writer.get_extra_info("ssl_object")
-        # Only a certificate the handshake verified is ever returned here.
-        PEER.set(peer_of(ssl_object.getpeercert(binary_form=True)) if ssl_object else None)
-        await original(self)
 
-    TCPServer.run = run  # type: ignore[method-assign]
+def _capture(ssl_object: ssl.SSLObject | None) -> None:
+    # Only a certificate the handshake verified is ever returned here.
+    PEER.set(peer_of(ssl_object.getpeercert(binary_form=True)) if ssl_object else None)
 
 
 class Revocations:
@@ -86,9 +78,11 @@ class Revocations:
         self._path = path
         if path is not None:
             try:
-                self._revoked = self._valid(orjson.loads(path.read_bytes()))
+                kept = self._valid(orjson.loads(path.read_bytes()))
             except (OSError, ValueError):
-                pass  # none kept yet (or unreadable): the next heartbeat brings it
+                kept = None
+            if kept is not None:  # else none kept yet (or unreadable): the next heartbeat brings it
+                self._revoked = kept
 
     def update(self, revoked: object) -> None:
         fresh = self._valid(revoked)

@@ -79,22 +79,22 @@ class TrustBook:
     holders: dict[str, Holder] = field(default_factory=dict)  # str(identity) → holder
     revoked: dict[str, float] = field(default_factory=dict)  # str(identity) → when
 
-    def create_token(self, role: Role, now: float, *, ttl_s: float = DEFAULT_TTL_S,
+    def create_token(self, role: str, now: float, *, ttl_s: float = DEFAULT_TTL_S,
                      name: str | None = None, description: str = "") -> tuple[str, JoinToken]:
-        """A new token: its text (shown once) and its record."""
-        if role not in JOINABLE_ROLES:
-            raise ValueError(f"join tokens are for {' or '.join(JOINABLE_ROLES)}, not {role!r}")
+        """A new token: its text (shown once) and its record. ``role`` is as an
+        operator typed it; anything but a joinable role is a ValueError."""
+        joining = _joinable(role)
         if not 0 < ttl_s <= MAX_TTL_S:
             raise ValueError(f"ttl must be between 1 s and {MAX_TTL_S / 86400:.0f} days")
         if name is not None:
-            Identity(role, name)  # validates the name
+            Identity(joining, name)  # validates the name
         self.forget_old(now)
         if sum(1 for t in self.tokens.values() if _live(t, now)) >= MAX_LIVE_TOKENS:
             raise ValueError(f"{MAX_LIVE_TOKENS} live tokens already: revoke some first")
         token_id = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789")
                            for _ in range(12))
         secret = secrets.token_urlsafe(32)
-        record = JoinToken(token_id=token_id, secret_sha256=_digest(secret), role=role,
+        record = JoinToken(token_id=token_id, secret_sha256=_digest(secret), role=joining,
                            created_at=now, expires_at=now + ttl_s, name=name,
                            description=description[:200])
         self.tokens[token_id] = record
@@ -229,6 +229,13 @@ class TrustBook:
         if token is None or token.revoked_at is None:
             return float("-inf")
         return token.revoked_at
+
+
+def _joinable(role: str) -> Role:
+    for joinable in JOINABLE_ROLES:
+        if role == joinable:
+            return joinable
+    raise ValueError(f"join tokens are for {' or '.join(JOINABLE_ROLES)}, not {role!r}")
 
 
 def _live(token: JoinToken, now: float) -> bool:

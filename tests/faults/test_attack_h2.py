@@ -7,7 +7,7 @@ connection. For each attack the test states the budget the abuser is cut
 within (GOAWAY ENHANCE_YOUR_CALM, or PROTOCOL_ERROR where h2 itself refuses
 the frame, then the connection closes) and the good client's latency budget
 measured while the attack runs. The budgets are the gateway's defaults
-(``gateway.h2_budget.H2Limits``), modelled on Envoy's and nginx's.
+(``gateway.edge.h2_budget.H2Limits``), modelled on Envoy's and nginx's.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hyperframe.frame import Frame
 
 from bench.attacks import (ATTACK_TIMEOUT_S, AttackOutcome, GoodClientRun, flood,
                            good_client_during, good_client_while, window_update_flood)
-from gateway.h2_budget import H2Limits
+from gateway.edge.h2_budget import H2Limits
 from tests.support.h2raw import RawH2, ServerSaid
 from tests.support.stack import Stack
 from tests.support.streams import metric

@@ -47,7 +47,7 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, QuicEvent
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.quic_admission import QuicLimits
+from gateway.edge.quic_admission import QuicLimits
 from bench.floods import (QuicFloodResult, is_retry, quic_client_configuration,
                           quic_initial_flood)
 from tests.support.capped import start_capped_stack

@@ -35,7 +35,7 @@ import pytest
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.devcert import DevCertificate, ensure_dev_certificate
+from gateway.edge.devcert import DevCertificate, ensure_dev_certificate
 from tests.support.capped import start_capped_stack
 from tests.support.h3client import h3_request
 from tests.support.stack import Stack, wait_for

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.transport import TLS_HANDSHAKE_TIMEOUT_S
+from gateway.edge.transport import TLS_HANDSHAKE_TIMEOUT_S
 from tests.faults.test_fault_connection_flood import _held_until_closed
 from tests.support.capped import start_capped_stack
 from tests.support.stack import Stack, wait_for

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.transport import KEEP_ALIVE_TIMEOUT_S, TLS_HANDSHAKE_TIMEOUT_S
+from gateway.edge.transport import KEEP_ALIVE_TIMEOUT_S, TLS_HANDSHAKE_TIMEOUT_S
 from tests.support.stack import Stack, free_port, wait_for
 from tests.support.streams import chat_body, client
 

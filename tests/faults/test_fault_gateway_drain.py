@@ -29,8 +29,8 @@ import orjson
 import pytest
 
 from gateway.app import GatewayApp
-from gateway.dispatch import Dispatcher
-from gateway.scheduling import SchedulerDoor
+from gateway.corridor.dispatch import Dispatcher
+from gateway.corridor.scheduling import SchedulerDoor
 from hedgerow.asgi import Message
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot

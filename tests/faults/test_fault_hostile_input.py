@@ -163,7 +163,7 @@ def test_an_http2_upload_over_the_limit_does_not_cut_other_streams(stack: Stack)
     """The gateway refuses a body over the limit (413) while the client is still
     sending it; the rest of that body must not kill the connection and with it
     the other streams multiplexed on it (hypercorn 0.18 raised KeyError there:
-    ``gateway/h2_guard.py``). httpx cannot read a response that arrives before
+    ``gateway/edge/h2_guard.py``). httpx cannot read a response that arrives before
     its upload ends, so only the other stream's fate is asserted."""
     with client(stack, http2=True, timeout=30) as http:
         with http.stream("POST", "/v1/chat/completions", json=chat_body(400)) as long:

@@ -2,7 +2,7 @@
 
 A slowloris that trickles its request headers a byte at a time, and a client
 that opens TCP but never starts TLS, are both closed by the gateway within
-its bounds (``gateway/transport.py``: KEEP_ALIVE_TIMEOUT_S and
+its bounds (``gateway/edge/transport.py``: KEEP_ALIVE_TIMEOUT_S and
 TLS_HANDSHAKE_TIMEOUT_S); meanwhile ordinary clients are served at once.
 Oversized headers, or too many of them, get a 4xx, never a 5xx or a hang.
 """
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.transport import KEEP_ALIVE_TIMEOUT_S, MAX_HEADER_BYTES, TLS_HANDSHAKE_TIMEOUT_S
+from gateway.edge.transport import KEEP_ALIVE_TIMEOUT_S, MAX_HEADER_BYTES, TLS_HANDSHAKE_TIMEOUT_S
 from tests.support.stack import Stack
 from tests.support.streams import MODEL, chat_body, client
 

@@ -20,8 +20,8 @@ import pytest
 from anyio.abc import SocketStream
 
 from hedgerow.connection_cap import ConnectionCap
-from gateway.devcert import DevCertificate, ensure_dev_certificate
-from gateway.transport import build_config, serve
+from gateway.edge.devcert import DevCertificate, ensure_dev_certificate
+from gateway.edge.transport import build_config, serve
 from tests.integration.test_transport import _fetch_over_tls, client_context, streaming_app
 
 # Well under the real 5 s handshake timeout: a connection closed sooner was refused.

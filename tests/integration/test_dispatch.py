@@ -2,7 +2,7 @@
 
 A real ``Scheduler`` over a registry of fake workers, its clock task under a
 real ``Supervisor``; a real ``Dispatcher`` talks to them through ``WorkerClient`` with a
-``gateway.worker_mock.MockTransport`` twin (``tests.support.fake_workers``) that streams
+``tests.support.worker_mock.MockTransport`` twin (``tests.support.fake_workers``) that streams
 OpenAI chunks with controlled delays and failures and records what reached
 each worker. ``Rig.serve`` does what the gateway app does for a streaming
 request (submit, first token, relay, report, ticket done), so each test
@@ -27,15 +27,15 @@ import pytest
 import yaml
 from anyio.abc import TaskGroup
 
-from gateway.attempt import Attempt, UpstreamCall
-from gateway.dispatch import Dispatcher
-from gateway.generation import Generation
-from gateway.relay import RelayOutcome, follow_log
-from gateway.stream_log import StreamLog
-from gateway.scheduler import Scheduler
-from gateway.scheduling import SchedulerClock, SchedulerDoor
-from gateway.tickets import Ticket
-from gateway.upstream import WorkerClient
+from gateway.corridor.attempt import Attempt, UpstreamCall
+from gateway.corridor.dispatch import Dispatcher
+from gateway.corridor.generation import Generation
+from gateway.corridor.relay import RelayOutcome, follow_log
+from gateway.corridor.stream_log import StreamLog
+from gateway.corridor.scheduler import Scheduler
+from gateway.corridor.scheduling import SchedulerClock, SchedulerDoor
+from gateway.corridor.tickets import Ticket
+from gateway.upstream.client import WorkerClient
 from hedgerow.actors import ActorState, SupervisedChild, Supervisor
 from hedgerow.asgi import Message, Request
 from hedgerow.errors import NoHealthyWorker, UpstreamRejected

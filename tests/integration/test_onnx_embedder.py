@@ -118,7 +118,7 @@ def test_export_model_into_an_unwritable_place_fails_with_the_reason(tmp_path: P
 
 def test_the_embeddings_route_counts_tokens_with_the_exports_tokenizer_or_says_503(
         exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.embeddings import load_tokenizer
+    from gateway.corridor.embeddings import load_tokenizer
     from hedgerow.errors import EmbeddingsUnavailable
 
     monkeypatch.setenv(CACHE_ENV, str(exported.parent))

@@ -29,8 +29,8 @@ from control_plane.redis_policy import RedisPolicyStore
 from control_plane.redis_registry import RedisRegistry
 from gateway.cache import ResponseCache
 from gateway.cache.entry import CacheEntry
-from gateway.shared_limits import SharedRequestLimits
-from gateway.tickets import Ticket
+from gateway.corridor.shared_limits import SharedRequestLimits
+from gateway.corridor.tickets import Ticket
 from hedgerow.redis_conn import RedisSetupError, RedisTls, check_redis, open_redis
 from hedgerow.wire import WorkerLoad, WorkerRegistration
 from policies.loader import parse_policy_document

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from redis.asyncio import Redis
 
-from gateway.shared_budgets import SharedBudgets
+from gateway.corridor.shared_budgets import SharedBudgets
 from policies.budget import Spend, budget_lines
 from policies.schema import Budget, Policy, PriorityClass, Tenant, VirtualKey
 from tests.support.redis_server import RedisServer, redis_server

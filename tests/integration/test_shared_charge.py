@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from gateway.shared_limits import SharedRequestLimits
-from gateway.tickets import Ticket
+from gateway.corridor.shared_limits import SharedRequestLimits
+from gateway.corridor.tickets import Ticket
 from policies.schema import parse_policy
 from policies.scoring import RouteRequest
 from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)

@@ -18,8 +18,8 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from gateway.devcert import DevCertificate, ensure_dev_certificate
-from gateway.transport import build_config, serve
+from gateway.edge.devcert import DevCertificate, ensure_dev_certificate
+from gateway.edge.transport import build_config, serve
 from tests.integration.test_transport import _fetch_over_tls, client_context, streaming_app
 from tests.support.h3client import h3_request
 

@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 import pytest
 
-from gateway.devcert import DevCertificate, ensure_dev_certificate
-from gateway.transport import build_config, serve
+from gateway.edge.devcert import DevCertificate, ensure_dev_certificate
+from gateway.edge.transport import build_config, serve
 
 AEAD = ("GCM", "CHACHA20", "CCM")
 # The point is to offer the deprecated versions.

@@ -24,8 +24,8 @@ import httpx
 import pytest
 from anyio.abc import SocketAttribute
 
-from gateway.devcert import DevCertificate, ensure_dev_certificate
-from gateway.transport import build_config, serve
+from gateway.edge.devcert import DevCertificate, ensure_dev_certificate
+from gateway.edge.transport import build_config, serve
 from tests.support.h3client import h3_request
 
 CHUNKS = 5

@@ -1,4 +1,4 @@
-"""In-memory workers behind a ``gateway.worker_mock.MockTransport``: the upstream twin.
+"""In-memory workers behind a ``tests.support.worker_mock.MockTransport``: the upstream twin.
 
 Each fake worker answers ``POST .../v1/chat/completions`` the way a real one
 streams (role chunk, content chunks, finish chunk, usage chunk, ``[DONE]``),
@@ -20,8 +20,8 @@ from typing import Any
 import anyio
 import orjson
 
-from gateway.http1 import ConnectFailed, ConnectionBroken
-from gateway.worker_mock import MockReply, MockTransport, WorkerRequest
+from gateway.upstream.http1 import ConnectFailed, ConnectionBroken
+from tests.support.worker_mock import MockReply, MockTransport, WorkerRequest
 from hedgerow import openai_api as oa
 from hedgerow.asgi import SSE_DONE, sse_event
 from hedgerow.wire import WorkerKind, WorkerLoad, WorkerRecord, WorkerRegistration

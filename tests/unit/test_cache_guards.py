@@ -17,6 +17,7 @@ from gateway.cache.guards import check, facts
     ("Convert 100 dollars to euros", "Convert 100 euros to dollars", "units"),
     ("Is coffee safe in pregnancy?", "Is coffee not safe in pregnancy?", "negation"),
     ("Why does my build pass?", "Why doesn't my build pass?", "negation"),
+    ("why does my car start", "why doesnt my car start", "negation"),  # as typed in chat
     ("Bread recipe with yeast", "Bread recipe without yeast", "negation"),
     ("Can I ever mix bleach and ammonia?", "Can I never mix bleach and ammonia?", "negation"),
     ("What is the capital of France?", "What is the capital of Spain?", "entities"),

@@ -166,6 +166,25 @@ async def test_the_real_model_serves_a_paraphrase_and_refuses_near_misses() -> N
         tg.cancel_scope.cancel()
 
 
+async def test_the_real_model_at_the_shipped_threshold_refuses_another_role_or_request() -> None:
+    """At the shipped threshold a rewording hits; swapped roles, another thing in
+    the same slot, and asking for a poem instead of a definition miss, though
+    their cosine is above the threshold (0.98, 0.82, 0.69)."""
+    cache = ResponseCache(POLICY)
+    answer = CacheEntry("Not as a diet.", "stop", 12, 5, "m", 1)
+    async with anyio.create_task_group() as tg:
+        await tg.start(cache.run)
+        assert await cache.ready(120)
+        for question in ("can dogs eat cat food", "how do i clean a leather sofa", "what is a haiku"):
+            assert await cache.store("a", None, chat(question), answer)
+        hit = await cache.lookup("a", None, chat("is cat food ok for dogs to eat"), {})
+        assert hit is not None and hit.kind == "semantic"
+        for question in ("can cats eat dog food", "how do i clean a velvet armchair",
+                         "write a haiku about autumn"):
+            assert await cache.lookup("a", None, chat(question), {}) is None, question
+        tg.cancel_scope.cancel()
+
+
 async def test_lookup_bypass_and_uncacheable_requests() -> None:
     cache = ResponseCache(POLICY, embedder=WordsEmbedder())
     answer = CacheEntry("x", "stop", 1, 1, "m", 1)

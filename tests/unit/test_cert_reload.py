@@ -1,4 +1,4 @@
-"""When the certificate reloader reloads, and what it refuses (``gateway.cert_reload``)."""
+"""When the certificate reloader reloads, and what it refuses (``gateway.edge.cert_reload``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cert_reload import CertificateReloader, ReloadDecision, file_stamp, read_pair
-from gateway.devcert import ensure_dev_certificate
+from gateway.edge.cert_reload import CertificateReloader, ReloadDecision, file_stamp, read_pair
+from gateway.edge.devcert import ensure_dev_certificate
 
 A: tuple[int, int, int, int, int, int] = (1, 10, 100, 2, 20, 200)
 B: tuple[int, int, int, int, int, int] = (3, 10, 100, 2, 20, 200)

@@ -7,7 +7,7 @@ from prometheus_client.exposition import generate_latest
 
 from hedgerow import connection_cap
 from hedgerow.connection_cap import FD_RESERVE, ConnectionCap, fit_file_limit
-from gateway.metrics import GatewayMetrics
+from gateway.admin.metrics import GatewayMetrics
 
 
 def test_the_cap_counts_and_refuses_at_the_limit() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.cors import CorsMiddleware
+from gateway.edge.cors import CorsMiddleware
 from hedgerow.asgi import Receive, Router, Scope, Send, send_json
 from policies.loader import parse_policy_document
 from policies.schema import Cors, Policy, PolicyError

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.relay import RelayOutcome, observe_chunk
+from gateway.corridor.relay import RelayOutcome, observe_chunk
 from hedgerow.asgi import Message, Request
 from hedgerow.decimal_text import MAX_DIGITS, parse_decimal
 from hedgerow.errors import InvalidRequest, UpstreamFailed

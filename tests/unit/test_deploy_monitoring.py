@@ -16,7 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from control_plane.metrics import ControlPlaneMetrics
-from gateway.metrics import GatewayMetrics
+from gateway.admin.metrics import GatewayMetrics
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot
 from workers.backend import BackendLoad

@@ -12,13 +12,13 @@ import pytest
 from anyio import wait_all_tasks_blocked
 
 from gateway.app import end_with_draining
-from gateway.attempt import UpstreamCall
-from gateway.dispatch import Dispatcher
-from gateway.drain import Drain, InFlight
-from gateway.generation import Generation
-from gateway.stream_log import StreamLog
-from gateway.scheduling import SchedulerDoor
-from gateway.tickets import QUEUED, Queued, Ticket
+from gateway.corridor.attempt import UpstreamCall
+from gateway.corridor.dispatch import Dispatcher
+from gateway.corridor.drain import Drain, InFlight
+from gateway.corridor.generation import Generation
+from gateway.corridor.stream_log import StreamLog
+from gateway.corridor.scheduling import SchedulerDoor
+from gateway.corridor.tickets import QUEUED, Queued, Ticket
 from hedgerow.asgi import Message
 from hedgerow.sse import SseEvent
 from hedgerow.tracing import NO_SPAN
@@ -124,7 +124,7 @@ class _Attempt:
     worker_id: str = "w1"
     hedged: bool = False
     first_token_at: float = 0.0
-    span: Any = NO_SPAN  # as ``gateway.attempt.Attempt``: tracing off
+    span: Any = NO_SPAN  # as ``gateway.corridor.attempt.Attempt``: tracing off
     first: list[SseEvent] = field(default_factory=lambda: [SseEvent(
         data=TOKEN, raw=b"data: " + TOKEN.encode() + b"\n\n")])
 

@@ -1,4 +1,4 @@
-"""Forwarding ``POST /v1/embeddings`` (``gateway.embed_route``) and the
+"""Forwarding ``POST /v1/embeddings`` (``gateway.corridor.embed_route``) and the
 ``embedding_models`` a worker or upstream declares, with an in-memory transport."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from gateway import embed_route
-from gateway.http1 import ConnectFailed
-from gateway.upstream import WorkerClient
-from gateway.worker_mock import MockReply, MockTransport, WorkerRequest
+from gateway.corridor import embed_route
+from gateway.upstream.http1 import ConnectFailed
+from gateway.upstream.client import WorkerClient
+from tests.support.worker_mock import MockReply, MockTransport, WorkerRequest
 from hedgerow.errors import UpstreamFailed, UpstreamRejected
 from hedgerow.wire import (
     RegistrySnapshot,

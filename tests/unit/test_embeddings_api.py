@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gateway.cache.embedder import EmbedderBusy
-from gateway.embeddings import EmbeddingModel
+from gateway.corridor.embeddings import EmbeddingModel
 from hedgerow import embeddings_api as api
 from hedgerow.errors import EmbeddingsUnavailable, InvalidRequest
 

@@ -1,4 +1,4 @@
-"""The gateway's admin API (``gateway.admin``) over an in-process cache, and the
+"""The gateway's admin API (``gateway.admin.api``) over an in-process cache, and the
 cache counters the gateway's /metrics exports."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.admin import GatewayAdmin
+from gateway.admin.api import GatewayAdmin
 from gateway.cache import ResponseCache
 from gateway.cache.entry import CacheEntry
-from gateway.metrics import GatewayMetrics
+from gateway.admin.metrics import GatewayMetrics
 from hedgerow.wire import RegistrySnapshot
 from policies.schema import load_policy
 from tests.support.cache_fakes import WordsEmbedder

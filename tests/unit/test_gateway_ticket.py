@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from gateway.app import Asked, GatewayApp, _deadlines, prefix_key
-from gateway.tickets import Ticket
+from gateway.corridor.tickets import Ticket
 from hedgerow import openai_api as oa
 from hedgerow.errors import InvalidRequest
 from hedgerow.latest import LatestValue

@@ -1,4 +1,4 @@
-"""The per-connection HTTP/2 budgets, decided without I/O (``gateway.h2_budget``)."""
+"""The per-connection HTTP/2 budgets, decided without I/O (``gateway.edge.h2_budget``)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from h2.connection import H2Connection
 from h2.exceptions import ProtocolError
 from hyperframe.frame import DataFrame, WindowUpdateFrame
 
-from gateway.h2_budget import H2Budget, H2Limits, RateBucket, parse_h2_limits
-from gateway.h2_guard import _charge, _count_frames, _Guard
-from gateway.metrics import h2_families
+from gateway.edge.h2_budget import H2Budget, H2Limits, RateBucket, parse_h2_limits
+from gateway.edge.h2_guard import _charge, _count_frames, _Guard
+from gateway.admin.metrics import h2_families
 
 
 def _open_and_reset(budget: H2Budget, count: int, now: float, first_id: int = 1,
@@ -188,9 +188,9 @@ def test_metric_families() -> None:
 
 
 def test_the_guard_patches_the_versions_it_was_written_for() -> None:
-    # gateway/h2_guard.py wraps private methods of hypercorn's H2Protocol:
+    # gateway/edge/h2_guard.py wraps private methods of hypercorn's H2Protocol:
     # an upgrade must be re-read against it (and the attack tests rerun).
-    from gateway.h2_guard import H2_VERSION, HYPERCORN_VERSION
+    from gateway.edge.h2_guard import H2_VERSION, HYPERCORN_VERSION
 
     assert version("hypercorn") == HYPERCORN_VERSION
     assert version("h2") == H2_VERSION
@@ -198,7 +198,7 @@ def test_the_guard_patches_the_versions_it_was_written_for() -> None:
 
 def test_cuts_are_counted_each_but_logged_at_most_every_ten_seconds(
         caplog: pytest.LogCaptureFixture) -> None:
-    from gateway.h2_guard import LOG_EVERY_S, H2GuardStats
+    from gateway.edge.h2_guard import LOG_EVERY_S, H2GuardStats
 
     stats = H2GuardStats()
     for n in range(50):
@@ -321,7 +321,7 @@ def test_a_stream_reset_in_the_read_that_opened_it_starts_no_work() -> None:
     # HEADERS then RST_STREAM (the client's: Rapid Reset) or DATA after
     # END_STREAM (h2 resets it: a reset flood), in one read: the stream is
     # closed before the app would see it. A stream opened alone is served.
-    from gateway.h2_guard import _reset_streams, _stillborn
+    from gateway.edge.h2_guard import _reset_streams, _stillborn
 
     server, client, _ = _served_stream(H2Limits())
     _get(client, 3, end_stream=False)

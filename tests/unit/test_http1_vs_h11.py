@@ -1,4 +1,4 @@
-"""``gateway.http1`` against h11, differentially: generated and mutated replies.
+"""``gateway.upstream.http1`` against h11, differentially: generated and mutated replies.
 
 The gateway reads its workers' replies with a hand-written parser. The bar
 (issue: "at least as strict as h11") is a property checked here on every
@@ -11,7 +11,7 @@ generated reply, fed to both in the same network-sized pieces:
 
 Where ours is stricter (HTTP/1.0 with transfer-encoding, both framings,
 obs-fold, CTLs in a value, bare-LF heads...) the property holds trivially;
-those choices are listed in ``gateway.http1``'s docstring. Well-formed replies
+those choices are listed in ``gateway.upstream.http1``'s docstring. Well-formed replies
 must be accepted by both: a parser that refused everything would otherwise
 pass.
 """
@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.http1 import (MAX_CHUNK_LINE_BYTES, MAX_HEAD_BYTES, MAX_TRAILER_BYTES,
+from gateway.upstream.http1 import (MAX_CHUNK_LINE_BYTES, MAX_HEAD_BYTES, MAX_TRAILER_BYTES,
                            ChunkedBody, ConnectionBroken, HttpError, ProtocolError, body_framing,
                            parse_head)
 
@@ -64,7 +64,7 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
 
 
 def ours(data: bytes, cuts: list[int]) -> Read | Refused:
-    """Drive ``gateway.http1`` as ``gateway.worker_http`` does (interim heads skipped)."""
+    """Drive ``gateway.upstream.http1`` as ``gateway.upstream.worker_http`` does (interim heads skipped)."""
     pieces = _split(data, cuts)
     buffer = bytearray()
     head, body, out = None, None, []

@@ -18,6 +18,7 @@ from packaging.version import Version
 
 from hedgerow import cli
 from hedgerow.extras import missing_extras
+from hedgerow.http_stack import PINNED
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "locks"
@@ -105,7 +106,26 @@ def test_the_locks_satisfy_pyproject_and_its_security_floors() -> None:
     for name, (bad, fixed) in {"orjson": ("3.9.14", "3.9.15"), "h2": ("4.2.0", "4.3.0"),
                                "cryptography": ("44.0.3", "45.0.0"),
                                "aioquic": ("1.2.0", "1.3.0")}.items():
-        assert Version(bad) not in ranges[name] and Version(fixed) in ranges[name], name
+        if name in PINNED:  # pinned exactly (hedgerow.http_stack): past the fix
+            assert Version(PINNED[name]) >= Version(fixed), name
+        else:
+            assert Version(fixed) in ranges[name], name
+        assert Version(bad) not in ranges[name], name
+
+
+def test_the_patched_http_stack_is_pinned_exactly_where_it_is_declared() -> None:
+    # hedgerow.http_stack patches private code of these: a range would let an
+    # install pick a version the patches were never tested on.
+    project = PYPROJECT["project"]
+    declared = {Requirement(t).name: Requirement(t).specifier for t in
+                [*project["dependencies"], *project["optional-dependencies"]["gateway"]]}
+    for name, pinned in PINNED.items():
+        assert str(declared[name]) == f"=={pinned}", name
+    for lock_name in ("gateway.txt", "control-plane.txt", "worker.txt", "dev.txt"):
+        pins = lock(lock_name)
+        for name, pinned in PINNED.items():
+            if name in pins:
+                assert pins[name] == Version(pinned), f"{lock_name}: {name}"
 
 
 def test_torch_is_only_in_the_export_extra_and_is_not_pinned_to_a_local_build() -> None:

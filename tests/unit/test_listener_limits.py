@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hedgerow.cli import build_parser
-from hedgerow.listener_limits import INTERNAL, JOIN, ListenerLimits, listener_limits
+from hedgerow.cli_flags import listener_limits
+from hedgerow.listener_limits import INTERNAL, JOIN, ListenerLimits
 
 
 def parse(*argv: str) -> tuple[ListenerLimits, ListenerLimits]:

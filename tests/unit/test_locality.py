@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.scheduler import Scheduler
-from gateway.tickets import QUEUED, Assigned, Ticket
+from gateway.corridor.scheduler import Scheduler
+from gateway.corridor.tickets import QUEUED, Assigned, Ticket
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerLoad, WorkerRecord, WorkerRegistration
 from policies.locality import (

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from control_plane.metrics import ControlPlaneMetrics
-from gateway.metrics import CLIENT_CLOSED, GatewayMetrics, status_of
+from gateway.admin.metrics import CLIENT_CLOSED, GatewayMetrics, status_of
 from hedgerow.errors import NoHealthyWorker, RateLimited
 from hedgerow.latest import LatestValue
 from hedgerow.metrics import Histogram, render

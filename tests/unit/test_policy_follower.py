@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from control_plane.gateways import GatewayAnswer, GatewayBook
-from gateway.policy_follower import PolicyEvent, PolicyFollower, RunningPolicy
+from gateway.followers.policy_follower import PolicyEvent, PolicyFollower, RunningPolicy
 from policies.loader import parse_policy_document, policy_checksum
 from policies.schema import DEFAULT_POLICY_PATH, Policy
 

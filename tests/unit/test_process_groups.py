@@ -1,4 +1,4 @@
-"""gateway.processes: the socket groups on this kernel, and the supervisor's rules.
+"""gateway.edge.processes: the socket groups on this kernel, and the supervisor's rules.
 
 The steering tests send real datagrams through the kernel's reuseport group
 with the BPF program attached: a datagram reaches socket ``dcid[0] % N``
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.processes import (CHILD_ENV, ChildSlot, Supervisor, bind_groups, default_processes,
+from gateway.edge.processes import (CHILD_ENV, ChildSlot, Supervisor, bind_groups, default_processes,
                                steering_program)
 
 
@@ -213,7 +213,7 @@ def test_a_kernel_without_the_steering_program_refuses_several_processes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    import gateway.processes as processes
+    import gateway.edge.processes as processes
 
     def refuse(sock: socket.socket, count: int) -> None:
         raise OSError(errno.ENOPROTOOPT, "Protocol not available")

@@ -1,4 +1,4 @@
-"""The QUIC front door's decisions, sans-IO (``gateway.quic_admission``)."""
+"""The QUIC front door's decisions, sans-IO (``gateway.edge.quic_admission``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from hedgerow.connection_cap import ConnectionCap
 from hedgerow.source_limits import SourceLimits, SourceLimitsConfig
-from gateway.quic_admission import (
+from gateway.edge.quic_admission import (
     QuicFrontDoor,
     QuicLimits,
     RetryTokens,

@@ -1,4 +1,4 @@
-"""The HTTP/3 bounds of ``gateway.quic_cap`` on aioquic's own state machines.
+"""The HTTP/3 bounds of ``gateway.edge.quic_cap`` on aioquic's own state machines.
 
 A client and a server ``QuicConnection`` exchange datagrams in memory (no
 sockets, an injected clock); the server speaks HTTP/3 through
@@ -19,9 +19,9 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, StreamDataReceived
 from aioquic.quic.packet import QuicErrorCode
 
-from gateway.devcert import DevCertificate, ensure_dev_certificate
-from gateway.quic_admission import QuicFrontDoor, QuicLimits
-from gateway.quic_cap import (ACTIVE_QUIC_DOOR, ASSUMED_VERSIONS, BoundedH3Connection,
+from gateway.edge.devcert import DevCertificate, ensure_dev_certificate
+from gateway.edge.quic_admission import QuicFrontDoor, QuicLimits
+from gateway.edge.quic_cap import (ACTIVE_QUIC_DOOR, ASSUMED_VERSIONS, BoundedH3Connection,
                               BoundedQuicConnection)
 
 LIMIT = 4096

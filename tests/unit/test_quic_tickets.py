@@ -10,7 +10,7 @@ from aioquic.tls import CipherSuite, SessionTicket
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.quic_tickets import QuicTicketStore
+from gateway.edge.quic_tickets import QuicTicketStore
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 HOUR = datetime.timedelta(hours=1)

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.scheduler import Scheduler
-from gateway.tickets import QUEUED, REQUEUED, Assigned, Ticket
+from gateway.corridor.scheduler import Scheduler
+from gateway.corridor.tickets import QUEUED, REQUEUED, Assigned, Ticket
 from hedgerow.errors import NoHealthyWorker
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerLoad, WorkerRecord, WorkerRegistration

@@ -16,10 +16,10 @@ import inspect
 import anyio
 import pytest
 
-import gateway.scheduler
-from gateway.scheduler import Scheduler
-from gateway.scheduling import CLOCK_RESTARTS, SchedulerClock
-from gateway.tickets import QUEUED, Assigned, Ticket
+import gateway.corridor.scheduler
+from gateway.corridor.scheduler import Scheduler
+from gateway.corridor.scheduling import CLOCK_RESTARTS, SchedulerClock
+from gateway.corridor.tickets import QUEUED, Assigned, Ticket
 from hedgerow.actors import ActorState, RestartPolicy, RestartTracker, Supervisor
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerLoad, WorkerRecord, WorkerRegistration
@@ -105,7 +105,7 @@ async def test_a_crashed_clock_task_loses_no_queued_request_and_no_policy(
 
 def test_the_scheduler_module_does_no_io_and_reads_no_clock() -> None:
     # Sans-IO: time comes in as ``now``; waking a waiter is the ticket's business.
-    tree = ast.parse(inspect.getsource(gateway.scheduler))
+    tree = ast.parse(inspect.getsource(gateway.corridor.scheduler))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.Import) for alias in node.names}
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree)

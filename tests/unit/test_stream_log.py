@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.stream_log import ReaderOverrun, StreamBook, StreamLog
+from gateway.corridor.stream_log import ReaderOverrun, StreamBook, StreamLog
 from hedgerow.errors import NoHealthyWorker, StreamGone, StreamNotFound
 
 

@@ -1,4 +1,4 @@
-"""TLS ticket keys rotated on a schedule (``gateway.ticket_keys``).
+"""TLS ticket keys rotated on a schedule (``gateway.edge.ticket_keys``).
 
 The ring is tested in virtual time; then real OpenSSL handshakes (in memory,
 TLS 1.3 and 1.2) with the ring installed on the server's context and a clock
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.devcert import DevCertificate, ensure_dev_certificate
-from gateway.ticket_keys import TicketKeyRing, install_ticket_keys
+from gateway.edge.devcert import DevCertificate, ensure_dev_certificate
+from gateway.edge.ticket_keys import TicketKeyRing, install_ticket_keys
 
 PERIOD = 100.0
 

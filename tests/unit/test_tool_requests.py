@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.attempt import carries_output
-from gateway.relay import RelayOutcome, completion_body, observe_chunk
+from gateway.corridor.attempt import carries_output
+from gateway.corridor.relay import RelayOutcome, completion_body, observe_chunk
 from hedgerow import openai_api as oa
 from hedgerow.completion_fold import CompletionFold, replay_deltas, replayable
 from hedgerow.errors import InvalidRequest

@@ -46,7 +46,7 @@ def test_an_expired_token_is_refused() -> None:
 def test_tokens_are_only_for_workers_and_gateways() -> None:
     for role in ("admin", "control-plane"):
         with pytest.raises(ValueError):
-            TrustBook().create_token(role, T0)  # type: ignore[arg-type]
+            TrustBook().create_token(role, T0)
 
 
 def test_a_name_held_by_another_joiner_is_refused_until_its_certificate_expires() -> None:

@@ -15,8 +15,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from gateway.http1 import ConnectFailed
-from gateway.worker_http import HttpPool
+from gateway.upstream.http1 import ConnectFailed
+from gateway.upstream.worker_http import HttpPool
 from hedgerow.asgi import Receive, Scope, Send, send_json
 from hedgerow.serving import serve_internal
 from hedgerow.trust.ca import CaError, ClusterCA, csr_public_key, fingerprint, make_csr
@@ -204,3 +204,18 @@ def test_a_worker_keeps_the_revocations_it_learned_across_a_restart(tmp_path: Pa
     assert restarted.revoked(gateway)
     rejoined = Peer(gateway.identity, NOW, NOW + HOUR, NOW)  # joined again after it
     assert not restarted.revoked(rejoined)
+
+
+def test_a_worker_whose_revocations_file_holds_no_object_still_answers(tmp_path: Path) -> None:
+    """A revoked.json that holds valid JSON but not an object (hand-edited,
+    truncated to ``[]``) counts as none kept: the worker still answers its peers,
+    and the next heartbeat brings the list back."""
+    from hedgerow.trust.peer import Peer, Revocations
+
+    joined = datetime.datetime(2026, 12, 1, 11, 0, tzinfo=datetime.UTC)
+    gateway = Peer(Identity("gateway", "g"), joined, joined + HOUR, joined)
+    (tmp_path / "revoked.json").write_text("[]")
+    restarted = Revocations(tmp_path / "revoked.json")
+    assert not restarted.revoked(gateway)
+    restarted.update({"gateway/g": (joined + HOUR / 2).timestamp()})
+    assert restarted.revoked(gateway)

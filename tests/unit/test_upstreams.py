@@ -8,10 +8,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from control_plane.admin_auth import LOOPBACK, admin_bind_host, read_admin_token
+from hedgerow.admin_token import LOOPBACK, admin_bind_host, read_admin_token
 from control_plane.upstream_api import parse_upstream
 from control_plane.upstreams import UpstreamBook, registration_for
-from gateway.attempt import UpstreamCall, external_request
+from gateway.corridor.attempt import UpstreamCall, external_request
 from hedgerow.errors import InvalidRequest, UnknownWorker, UpstreamFailed
 from hedgerow.wire import WorkerLoad, WorkerRecord
 from policies.loader import parse_policy_document

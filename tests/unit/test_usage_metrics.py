@@ -9,9 +9,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.access_log import AccessLog, access_record, configure_access_log
-from gateway.metrics import GatewayMetrics
-from gateway.usage_metrics import MAX_TENANTS, OTHER_TENANT, Price, Usage, policy_prices
+from gateway.admin.access_log import AccessLog, access_record, configure_access_log
+from gateway.admin.metrics import GatewayMetrics
+from gateway.admin.usage_metrics import MAX_TENANTS, OTHER_TENANT, Price, Usage, policy_prices
 from hedgerow.errors import ModelNotFound
 from hedgerow.wire import RegistrySnapshot
 from policies.loader import parse_policy_document

@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from control_plane.policy_store import PolicyStore
-from gateway.key_gate import KeyGate
-from gateway.usage_metrics import Usage
+from gateway.corridor.key_gate import KeyGate
+from gateway.admin.usage_metrics import Usage
 from hedgerow.errors import (AuthenticationFailed, BudgetExceeded, PermissionDenied,
                              PolicyUnavailable, RateLimited)
 from policies.keys import (KEY_PREFIX, Keyring, carry_keys, key_digest, new_key,

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.attempt import UpstreamCall, start_attempt
-from gateway.devcert import ensure_dev_certificate
-from gateway.http1 import ChunkedBody, ConnectionBroken, ProtocolError
-from gateway.upstream import WorkerClient
-from gateway.worker_http import HttpPool, PoolLimits
+from gateway.corridor.attempt import UpstreamCall, start_attempt
+from gateway.edge.devcert import ensure_dev_certificate
+from gateway.upstream.http1 import ChunkedBody, ConnectionBroken, ProtocolError
+from gateway.upstream.client import WorkerClient
+from gateway.upstream.worker_http import HttpPool, PoolLimits
 from hedgerow.errors import HedgerowError, UpstreamFailed, UpstreamRejected
 from hedgerow.wire import WorkerLoad, WorkerRecord, WorkerRegistration
 from policies.schema import Timeouts

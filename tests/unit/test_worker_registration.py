@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from control_plane.bodies import _invalid
-from gateway.attempt import request_url
-from gateway.http1 import ConnectFailed
-from gateway.worker_http import HttpPool
+from gateway.corridor.attempt import request_url
+from gateway.upstream.http1 import ConnectFailed
+from gateway.upstream.worker_http import HttpPool
 from hedgerow.endpoints import BadEndpoint, parse_endpoint
 from hedgerow.errors import InvalidRequest, UpstreamFailed
 from hedgerow.wire import SelfRegistration, WorkerRegistration

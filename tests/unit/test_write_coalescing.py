@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.write_coalescing import FLUSH_AT, CoalescingWriter
+from gateway.edge.write_coalescing import FLUSH_AT, CoalescingWriter
 
 pytestmark = pytest.mark.anyio
 

@@ -1,0 +1,271 @@
+"""Getting a request's first token: queue, attempt, retry, hedge.
+
+``Dispatcher.first_token`` waits for the scheduler to assign a worker, starts
+the attempt, and races it against time: if no first token has come after the
+pool's hedge delay (its live TTFT quantile, within the policy's floor and
+ceiling) and the hedge budget allows, the same request starts on a second
+worker; the first attempt to produce a token wins and the other is cancelled,
+which closes its connection and stops its worker. An attempt that fails before
+its first token is retried on another worker (``retries.before_first_token``
+times), invisibly to the client; when no other worker is free, the request
+waits in its queue again, as it did for its first worker (shed at its
+deadline). Every attempt reports exactly one ``attempt_done`` to the scheduler.
+
+The scheduler is called directly (it does no I/O and never awaits), so none of
+these calls can be lost to cancellation or wait behind other requests' calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream as Receiver
+from anyio.streams.memory import MemoryObjectSendStream as Sender
+
+from gateway.corridor.attempt import Attempt, UpstreamCall, start_attempt
+from gateway.corridor.scheduler import Scheduler
+from gateway.corridor.tickets import Outcome, Requeued, Ticket
+from gateway.upstream.client import WorkerClient
+from hedgerow import tracing
+from hedgerow.tracing import AttributeValue
+from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed, UpstreamRejected
+from hedgerow.wire import WorkerRecord
+from policies.schema import Policy
+
+log = logging.getLogger("hedgerow.gateway.dispatch")
+
+AttemptResult = Attempt | HedgerowError
+AttemptKind = Literal["primary", "hedge", "retry"]
+
+
+@dataclass
+class _Race:
+    ticket: Ticket
+    call: UpstreamCall
+    tried: list[str]
+    running: int = 0
+    hedged: bool = False
+    retries: int = 0
+    winner: Attempt | None = None
+    errors: list[HedgerowError] = field(default_factory=list)
+
+
+class Dispatcher:
+    def __init__(self, scheduler: Scheduler, workers: WorkerClient, policy: Policy,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.scheduler = scheduler
+        self.workers = workers
+        self.policy = policy
+        self.clock = clock
+
+    def _policy(self, ticket: Ticket) -> Policy:
+        """The policy the request started under."""
+        return self.policy if ticket.policy is None else ticket.policy
+
+    def report(self, worker_id: str, outcome: Outcome) -> None:
+        """Tell the scheduler an attempt ended (a plain call: cancellation can't lose it)."""
+        self.scheduler.attempt_done(worker_id, outcome, self.clock())
+
+    async def assigned_worker(self, ticket: Ticket) -> WorkerRecord:
+        try:
+            with tracing.span("queue wait"):
+                return await ticket.assignment.wait()
+        except anyio.get_cancelled_exc_class():
+            self.scheduler.withdraw(ticket, self.clock())
+            raise
+
+    async def first_token(self, ticket: Ticket, call: UpstreamCall) -> Attempt:
+        first = await self.assigned_worker(ticket)
+        race = _Race(ticket, call, [first.registration.worker_id])
+        send, receive = anyio.create_memory_object_stream[AttemptResult](8)
+        async with send, receive:
+            try:
+                await self._run(race, first, send, receive)
+            except BaseException:  # the client left: even a winner must be closed now
+                await self._close_losers([*receive_leftovers(receive), *_present(race.winner)])
+                raise
+            # A loser may have reached its first token just as the winner did.
+            await self._close_losers(receive_leftovers(receive))
+        if race.winner is not None:
+            return race.winner
+        raise _final_error(race.errors)
+
+    async def _run(self, race: _Race, first: WorkerRecord, send: Sender[AttemptResult],
+                   receive: Receiver[AttemptResult]) -> None:
+        async with anyio.create_task_group() as tg:
+            self._launch(tg, race, first, send, kind="primary")
+            hedge_at = self._hedge_at(race.ticket, first)
+            while race.running:
+                result = await self._next_result(race, receive, hedge_at)
+                if result is None:  # hedge time came first
+                    self._hedge(tg, race, send)
+                    continue
+                race.running -= 1
+                if isinstance(result, Attempt):
+                    race.winner = result
+                    break
+                race.errors.append(result)
+                if isinstance(result, UpstreamRejected):
+                    break
+                if race.running == 0:
+                    await self._retry(tg, race, send)
+            tg.cancel_scope.cancel()
+
+    def _launch(self, tg: TaskGroup, race: _Race, worker: WorkerRecord,
+                send: Sender[AttemptResult], *, kind: AttemptKind) -> None:
+        race.running += 1
+        tg.start_soon(self._attempt, race, worker, send.clone(), kind)
+
+    async def _attempt(self, race: _Race, worker: WorkerRecord,
+                       send: Sender[AttemptResult], kind: AttemptKind) -> None:
+        worker_id = worker.registration.worker_id
+        ttft_timeout = self._policy(race.ticket).timeouts.ttft_ms / 1000
+        if race.ticket.upstream_at is None:
+            race.ticket.upstream_at = time.monotonic()
+        # Hedges and retries are siblings under the request's span; the worker's
+        # own spans hang under this one (its traceparent).
+        span = tracing.start_client_span("attempt", _attempt_attributes(race, worker, kind))
+        async with send:
+            try:
+                attempt = await start_attempt(self.workers, worker, race.call,
+                                              hedged=kind == "hedge",
+                                              ttft_timeout_s=ttft_timeout, span=span)
+            except UpstreamRejected as rejected:  # the client's mistake: not the worker's
+                log.info("request %s: worker %s refused it: %s", race.ticket.request_id,
+                         worker_id, rejected.detail)
+                _attempt_ended(span, "rejected", rejected)
+                self.report(worker_id, "abandoned")
+                await send.send(rejected)
+                return
+            except UpstreamFailed as failed:  # the detail is for operators only
+                log.warning("request %s: worker %s failed: %s", race.ticket.request_id,
+                            worker_id, failed.detail)
+                _attempt_ended(span, "failed", failed)
+                self.report(worker_id, "failure")
+                await send.send(failed)
+                return
+            except BaseException:  # cancelled (lost the race, client left), or a bug
+                _attempt_ended(span, "cancelled")
+                self.report(worker_id, "abandoned")
+                raise
+            if span.is_recording():
+                span.add_event("first_token", {"hedgerow.ttft_ms": round(attempt.ttft_s * 1000, 3)},
+                               timestamp=tracing.wall_ns(attempt.first_token_at))
+            try:
+                self.scheduler.first_token(race.ticket.model, attempt.pool, attempt.ttft_s)
+                await send.send(attempt)
+            except BaseException:  # cancelled just as it got its first token: it lost
+                span.set_attribute("hedgerow.attempt.outcome", "lost")
+                with anyio.CancelScope(shield=True):
+                    await attempt.aclose()
+                self.report(worker_id, "abandoned")
+                raise
+
+    def _hedge_at(self, ticket: Ticket, worker: WorkerRecord) -> float:
+        if not (ticket.hedgeable and self._policy(ticket).hedging.enabled):
+            return math.inf
+        delay = self.scheduler.hedge_delay(ticket.model, worker.registration.kind)
+        return math.inf if delay is None else anyio.current_time() + delay
+
+    async def _next_result(self, race: _Race, receive: Receiver[AttemptResult],
+                           hedge_at: float) -> AttemptResult | None:
+        wait = math.inf if race.hedged else max(0.0, hedge_at - anyio.current_time())
+        with anyio.move_on_after(wait):
+            return await receive.receive()
+        return None
+
+    def _hedge(self, tg: TaskGroup, race: _Race, send: Sender[AttemptResult]) -> None:
+        race.hedged = True
+        worker = self._reroute(race, hedge=True)
+        if isinstance(worker, WorkerRecord):  # a hedge is never queued
+            log.info("request %s: hedging on %s", race.ticket.request_id,
+                     worker.registration.worker_id)
+            race.tried.append(worker.registration.worker_id)
+            self._launch(tg, race, worker, send, kind="hedge")
+
+    async def _retry(self, tg: TaskGroup, race: _Race,
+                     send: Sender[AttemptResult]) -> None:
+        if race.retries >= self._policy(race.ticket).retries.before_first_token:
+            return
+        placed = self._reroute(race, hedge=False)
+        if placed is None:
+            return
+        race.retries += 1
+        worker = await self._requeued_worker(race) if isinstance(placed, Requeued) else placed
+        if worker is not None:
+            log.info("request %s: retrying on %s", race.ticket.request_id,
+                     worker.registration.worker_id)
+            race.tried.append(worker.registration.worker_id)
+            self._launch(tg, race, worker, send, kind="retry")
+
+    def _reroute(self, race: _Race, *, hedge: bool) -> WorkerRecord | Requeued | None:
+        # No await between the answer and its use: a slot taken, or a ticket queued,
+        # is always launched (and abandoned if cancelled) or its wait withdrawn.
+        return self.scheduler.reroute(race.ticket, tuple(race.tried), hedge, self.clock())
+
+    async def _requeued_worker(self, race: _Race) -> WorkerRecord | None:
+        """Wait in the queue for the retry's worker; None when the queue sheds it."""
+        log.info("request %s: no free worker for a retry, queued", race.ticket.request_id)
+        try:
+            return await self.assigned_worker(race.ticket)
+        except NoHealthyWorker as shed:  # deadline_exceeded: the client gets the queue's 503
+            race.errors.append(shed)
+            return None
+
+    async def _close_losers(self, leftovers: list[AttemptResult]) -> None:
+        for result in leftovers:
+            if isinstance(result, Attempt):
+                result.span.set_attribute("hedgerow.attempt.outcome", "lost")
+                with anyio.CancelScope(shield=True):
+                    await result.aclose()
+                self.report(result.worker_id, "abandoned")
+
+
+def _attempt_attributes(race: _Race, worker: WorkerRecord,
+                        kind: AttemptKind) -> dict[str, AttributeValue] | None:
+    if not tracing.enabled():  # nothing built for a span that is not recorded
+        return None
+    registration = worker.registration
+    return {"hedgerow.worker.id": registration.worker_id, "hedgerow.worker.kind": registration.kind,
+            "hedgerow.attempt.kind": kind, "hedgerow.attempt.index": len(race.tried) - 1,
+            "hedgerow.worker.external": registration.external,
+            tracing.GEN_AI_REQUEST_MODEL: race.call.model}
+
+
+def _attempt_ended(span: Any, outcome: str, error: BaseException | None = None) -> None:
+    """An attempt that ended before its first token: say how, and end its span."""
+    span.set_attribute("hedgerow.attempt.outcome", outcome)
+    if error is not None:
+        tracing.failed(span, error)
+    span.end()
+
+
+def receive_leftovers(receive: Receiver[AttemptResult]) -> list[AttemptResult]:
+    leftovers: list[AttemptResult] = []
+    while True:
+        try:
+            leftovers.append(receive.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return leftovers
+
+
+def _present(attempt: Attempt | None) -> list[AttemptResult]:
+    return [] if attempt is None else [attempt]
+
+
+def _final_error(errors: list[HedgerowError]) -> HedgerowError:
+    for error in errors:
+        if isinstance(error, UpstreamRejected):
+            return error
+    if errors and isinstance(errors[-1], NoHealthyWorker):  # shed while queued for a retry
+        return errors[-1]
+    # Public messages only: an UpstreamFailed's names no worker and no address.
+    detail = errors[-1].message if errors else "no worker could be reached"
+    return NoHealthyWorker(f"no worker could serve the request: {detail}", retry_after=1)
