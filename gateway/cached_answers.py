@@ -1,9 +1,10 @@
-"""The response cache on a completion's way: lookup, replay of a hit, store of a miss.
+"""The response cache on a completion's way: lookup, and replay of a hit.
 
 A request's cache keys are computed once (``ResponseCache.keys``) and carried
 in its ``Caching`` to the lookup, the single-flight table and the store. A hit
 is replayed from the cache entry straight into a stream log, event by event
-with its kind (``Hit.events``), never rendered to SSE and parsed back.
+with its kind (``Hit.events``), never rendered to SSE and parsed back. A
+miss's answer is stored as its flight's last step (``Flights._cache_store``).
 """
 
 from __future__ import annotations
@@ -11,23 +12,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import anyio
 import orjson
 
 from gateway.cache import Hit
-from gateway.cache.entry import entry_from_fold
 from gateway.cache.keys import bypasses_lookup, cacheable
 from gateway.flights import Flights
-from gateway.relay import RelayOutcome
-from gateway.request_terms import Asked, Caching, Wanted, answer_headers
+from gateway.request_terms import Asked, Caching, answer_headers
 from gateway.stream_log import StreamLog
-from hedgerow import openai_api as oa
 from hedgerow import tracing
 from hedgerow.asgi import Request, cancel_on_disconnect, send_bytes
 
 
 class CachedAnswers(Flights):
-    """The response cache on a completion's way: lookup, replay, store."""
+    """The response cache on a completion's way: lookup and replay."""
 
     async def _cache_lookup(self, request: Request, asked: Asked,
                             request_json: dict[str, Any]) -> Hit | Caching | None:
@@ -78,16 +75,3 @@ class CachedAnswers(Flights):
         with stream.reading():
             await cancel_on_disconnect(request, lambda: self._answer_stream(
                 request, stream, 0, asked.observed, cache=hit.kind.encode()))
-
-    async def _cache_store(self, caching: Caching, wanted: Wanted,
-                           outcome: RelayOutcome | None) -> None:
-        if self.cache is None or outcome is None or outcome.failed or not outcome.complete:
-            return
-        ticket = wanted.ticket
-        entry = entry_from_fold(outcome.fold, outcome.finish_reason, outcome.prompt_tokens,
-                                outcome.completion_tokens, ticket.model, oa.now_created())
-        if entry is None:  # an answer the cache could not give back exactly
-            return
-        with anyio.CancelScope(shield=True):
-            await self.cache.store(ticket.tenant, ticket.model, caching.request_json, entry,
-                                   caching.headers, keys=caching.keys)

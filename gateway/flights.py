@@ -15,10 +15,11 @@ import time
 import anyio
 
 from gateway.app_state import AppState
+from gateway.cache.entry import entry_from_fold
 from gateway.drain import InFlight
 from gateway.generation import Generation
 from gateway.metrics import RequestMetrics
-from gateway.relay import ClientStalled, completion_body, follow_log
+from gateway.relay import ClientStalled, RelayOutcome, completion_body, follow_log
 from gateway.request_terms import (
     Caching,
     Flight,
@@ -29,6 +30,7 @@ from gateway.request_terms import (
     note_usage,
 )
 from gateway.stream_log import StreamLog
+from hedgerow import openai_api as oa
 from hedgerow.asgi import Request, SSE_HEADERS, cancel_on_disconnect, send_bytes
 from hedgerow.errors import UpstreamFailed
 
@@ -94,6 +96,19 @@ class Flights(AppState):
         if error is not None:
             raise error
         return completed
+
+    async def _cache_store(self, caching: Caching, wanted: Wanted,
+                           outcome: RelayOutcome | None) -> None:
+        if self.cache is None or outcome is None or outcome.failed or not outcome.complete:
+            return
+        ticket = wanted.ticket
+        entry = entry_from_fold(outcome.fold, outcome.finish_reason, outcome.prompt_tokens,
+                                outcome.completion_tokens, ticket.model, oa.now_created())
+        if entry is None:  # an answer the cache could not give back exactly
+            return
+        with anyio.CancelScope(shield=True):
+            await self.cache.store(ticket.tenant, ticket.model, caching.request_json, entry,
+                                   caching.headers, keys=caching.keys)
 
     async def _join(self, request: Request, wanted: Wanted, flight: Flight) -> bool:
         """An identical request is being generated: follow it instead of generating again."""
