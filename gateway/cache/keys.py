@@ -119,6 +119,23 @@ def last_user_message(messages: list[tuple[str, Any]]) -> str | None:
     return None
 
 
+# MiniLM (all-MiniLM-L6-v2) was trained on English, and the guards read only
+# a-z words: in other scripts unrelated questions score above the threshold
+# ("日本の首都" / "フランスの首都" 0.78) and no guard sees the difference.
+MAX_NON_LATIN_LETTERS = 0.2  # share of a question's letters; above it: exact matches only
+
+
+def semantic_question(text: str | None) -> str | None:
+    """The question a semantic lookup may match on, or None: exact matches only."""
+    if not text:
+        return None
+    letters = [c for c in text if c.isalpha()]
+    foreign = sum(1 for c in letters if not c.isascii())
+    if letters and foreign > MAX_NON_LATIN_LETTERS * len(letters):
+        return None
+    return text
+
+
 def _digest(material: Any) -> str:
     data = orjson.dumps(material, option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(data, digest_size=20).hexdigest()
@@ -140,7 +157,7 @@ def cache_keys(tenant: str, request: Mapping[str, Any], policy: Policy) -> Cache
         context = ["text", None if question is not None else prompt]
         whole = ["text", question if question is not None else prompt]
     return CacheKeys(namespace, model, _digest([*head, whole]), _digest([*head, context]),
-                     question or None)
+                     semantic_question(question))
 
 
 def deterministic(request: Mapping[str, Any]) -> bool:

@@ -130,6 +130,25 @@ def test_semantic_namespace_ignores_only_the_last_user_message() -> None:
     assert cache_keys("b", request(max_tokens=5), POLICY).semantic_namespace != one.semantic_namespace
 
 
+@pytest.mark.parametrize("question", [
+    "如何做红烧肉", "日本の首都はどこですか", "서울의 인구는?", "Как удалить мой аккаунт?",
+])
+def test_questions_outside_latin_script_are_matched_exactly_only(question: str) -> None:
+    # MiniLM is an English model and the guards read a-z words: in these
+    # scripts unrelated questions score above the threshold ("日本の首都" /
+    # "フランスの首都" 0.78), so they never take a semantic answer.
+    keys = cache_keys("b", request(messages=[{"role": "user", "content": question}]), POLICY)
+    assert keys.question is None
+    assert keys.exact  # the exact cache still answers a repeat
+
+
+@pytest.mark.parametrize("question", ["How far is 5 km in miles?", "où est la gare la plus proche?",
+                                      "Wie spät ist es in Zürich?"])
+def test_latin_script_questions_keep_semantic_matching(question: str) -> None:
+    keys = cache_keys("b", request(messages=[{"role": "user", "content": question}]), POLICY)
+    assert keys.question == question
+
+
 def test_text_completions_are_keyed_by_prompt() -> None:
     text = {"model": "small", "prompt": "Once  upon a time", "temperature": 0}
     assert key(text) == key({**text, "prompt": "Once upon a time "})
