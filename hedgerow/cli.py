@@ -766,7 +766,9 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if child is not None:
         return _run_gateway_child(options, child)
     if processes > 1:
-        return _supervise_gateways(args, options, processes)
+        supervised = _supervise_gateways(args, options, processes)
+        if supervised is not None:
+            return supervised
     with traced("hedgerow-gateway"):
         return _run_reporting_setup_errors(
             lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
@@ -788,8 +790,11 @@ def _admin_ports_problem(admin_port: int | None, port: int, processes: int) -> s
 
 
 def _supervise_gateways(args: argparse.Namespace, options: GatewayOptions,
-                        processes: int) -> int:
-    """``--processes N``: bind the port's sockets, start and watch N children."""
+                        processes: int) -> int | None:
+    """``--processes N``: bind the port's sockets, start and watch N children.
+
+    None: serve as one process instead (N was the default, not asked for, and
+    this kernel cannot steer QUIC datagrams between processes)."""
     from gateway.edge.devcert import ensure_dev_certificate
     from gateway.edge.processes import SteeringUnavailable, Supervisor, bind_groups
 
@@ -799,6 +804,10 @@ def _supervise_gateways(args: argparse.Namespace, options: GatewayOptions,
     try:
         groups = bind_groups(hosts, options.port, processes)
     except SteeringUnavailable as error:
+        if args.processes is None:  # the default, not a request: still serve
+            logging.getLogger("hedgerow.gateway").warning(
+                "serving as one process, not %d: %s", processes, error)
+            return None
         print(f"hedgerow: --processes {processes}: {error}", file=sys.stderr)
         return 1
     except OSError as error:

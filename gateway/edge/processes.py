@@ -70,26 +70,31 @@ PR_SET_PDEATHSIG = 1
 # Classic BPF opcodes (linux/filter.h).
 _LDB_ABS = 0x30   # BPF_LD | BPF_B | BPF_ABS: A = packet[k]
 _JSET = 0x45      # BPF_JMP | BPF_JSET | BPF_K: if A & k then jt else jf
-_JA = 0x05        # BPF_JMP | BPF_JA: skip k
 _MOD = 0x94       # BPF_ALU | BPF_MOD | BPF_K: A %= k
 _RET_A = 0x16     # BPF_RET | BPF_A
+_RET_K = 0x06     # BPF_RET | BPF_K
+BY_HASH = 0xFFFFFFFF  # no such socket: the kernel selects by hash instead
 # Offsets into the UDP payload: the destination connection id's first byte.
 SHORT_HEADER_DCID = 1   # flags, then the id
-LONG_HEADER_DCID = 6    # flags, version (4), id length, then the id
 
 
 def steering_program(count: int) -> list[tuple[int, int, int, int]]:
-    """``return dcid[0] % count`` as classic BPF (a reuseport group index)."""
+    """Short header: ``return dcid[0] % count`` as classic BPF (a reuseport
+    group index). Long header (a handshake: Initial, 0-RTT, Handshake): an
+    index past the group, which makes the kernel pick by its keyed hash of the
+    addresses, as without a program -- an Initial's id is the client's choice,
+    so steering by it would let a client aim its handshakes (or a flood) at one
+    process. The process that takes the Initial then issues ids that steer
+    every short-header packet after it to itself, wherever the client moves."""
     if not 1 <= count <= 256:
         raise ValueError("1 to 256 processes")
     return [
         (_LDB_ABS, 0, 0, 0),                   # 0: A = flags
-        (_JSET, 0, 2, 0x80),                   # 1: long header? -> 2, else -> 4
-        (_LDB_ABS, 0, 0, LONG_HEADER_DCID),    # 2
-        (_JA, 0, 0, 1),                        # 3: -> 5
-        (_LDB_ABS, 0, 0, SHORT_HEADER_DCID),   # 4
-        (_MOD, 0, 0, count),                   # 5
-        (_RET_A, 0, 0, 0),                     # 6
+        (_JSET, 0, 1, 0x80),                   # 1: long header? -> 2, else -> 3
+        (_RET_K, 0, 0, BY_HASH),               # 2
+        (_LDB_ABS, 0, 0, SHORT_HEADER_DCID),   # 3
+        (_MOD, 0, 0, count),                   # 4
+        (_RET_A, 0, 0, 0),                     # 5
     ]
 
 
@@ -140,12 +145,15 @@ def _bind_groups(hosts: Sequence[str], port: int, count: int, quic: bool,
         for host in hosts:
             tcp: list[socket.socket] = []
             groups.tcp.append(tcp)
+            if groups.port:
+                _refuse_if_taken(host, groups.port, socket.SOCK_STREAM)
             for _ in range(count):
                 tcp.append(_reuseport_socket(host, groups.port, socket.SOCK_STREAM, backlog))
                 groups.port = tcp[0].getsockname()[1]
         for host in hosts if quic else ():
             udp: list[socket.socket] = []
             groups.udp.append(udp)
+            _refuse_if_taken(host, groups.port, socket.SOCK_DGRAM)
             for _ in range(count):
                 udp.append(_reuseport_socket(host, groups.port, socket.SOCK_DGRAM, backlog))
             if count > 1:
@@ -164,6 +172,20 @@ def _bind_groups(hosts: Sequence[str], port: int, count: int, quic: bool,
 
 class SteeringUnavailable(RuntimeError):
     """The kernel refused the reuseport BPF program."""
+
+
+def _refuse_if_taken(host: str, port: int, kind: socket.SocketKind) -> None:
+    """EADDRINUSE when anything holds the port, even another reuseport group
+    (another gateway, or a dead supervisor's children still draining): the
+    group's sockets alone would join it, share its connections and replace its
+    steering program. Binding without SO_REUSEPORT finds out."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, kind) as probe:
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if kind == socket.SOCK_STREAM:  # a TIME_WAIT left by a stopped gateway is no owner
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def _reuseport_socket(host: str, port: int, kind: socket.SocketKind,
@@ -288,6 +310,9 @@ class Supervisor:
         fds = (*slot.tcp_fds, *slot.udp_fds, write)
         try:
             child.process = subprocess.Popen(self.command(self.argv), env=env, pass_fds=fds)
+        except BaseException:
+            os.close(read)
+            raise
         finally:
             os.close(write)
         os.set_blocking(read, False)
@@ -305,6 +330,12 @@ class Supervisor:
             if child.process is not None and child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
 
+    def forward(self, signum: int) -> None:
+        """SIGHUP: each process reloads its certificate, as a single gateway does."""
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signum)
+
     def step(self, now: float) -> bool:
         """One look at every child; False once all are gone after ``stop``."""
         for child in self.children:
@@ -313,7 +344,13 @@ class Supervisor:
             if process is None:
                 if (self.stopping_since is None and child.restart_at is not None
                         and now >= child.restart_at):
-                    self.start(child)
+                    try:
+                        self.start(child)
+                    except OSError as error:  # no fork, pipe or memory now: later
+                        child.restart_at = now + RESTART_BACKOFF_S[-1]
+                        log.error("gateway process %d could not be restarted (%s); "
+                                  "trying again in %.0f s", child.index, error,
+                                  RESTART_BACKOFF_S[-1])
                 continue
             code = process.poll()
             if code is None:
@@ -381,12 +418,16 @@ class Supervisor:
         """Until every child has exited after SIGTERM/SIGINT (or a failed start)."""
         received: list[int] = []
         previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum))
-                    for s in (signal.SIGTERM, signal.SIGINT)}
+                    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         try:
             self.start_all()
             while True:
                 while received:
-                    self.stop(received.pop())
+                    signum = received.pop(0)
+                    if signum == signal.SIGHUP:
+                        self.forward(signum)
+                    else:
+                        self.stop(signum)
                 if not self.step(time.monotonic()):
                     return self.status
                 time.sleep(POLL_S)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -53,16 +54,36 @@ def test_datagrams_reach_the_socket_their_connection_id_names_from_any_source_po
             sock.setblocking(False)
         misses = []
         for first in range(0, 256, 7):
-            for long_header in (False, True):
-                for _ in range(3):  # a fresh source port each time: a "migrated" client
-                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
-                        packet = (bytes([0xC3, 0, 0, 0, 1, 8, first]) if long_header
-                                  else bytes([0x41, first])) + b"\x00" * 30
-                        client.sendto(packet, ("127.0.0.1", groups.port))
-                        got = _wait_receiver(udp)
-                    if got != first % count:
-                        misses.append((first, long_header, got))
+            for _ in range(3):  # a fresh source port each time: a "migrated" client
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
+                    client.sendto(bytes([0x41, first]) + b"\x00" * 30, ("127.0.0.1", groups.port))
+                    got = _wait_receiver(udp)
+                if got != first % count:
+                    misses.append((first, got))
         assert not misses
+    finally:
+        groups.close()
+
+
+def test_handshakes_are_spread_by_address_not_by_the_id_the_client_chose() -> None:
+    # An Initial's connection id is the client's choice: steering by it would
+    # let one client aim every handshake (or a flood) at one process.
+    groups = bind_groups(["127.0.0.1"], 0, 2)
+    try:
+        udp = groups.udp[0]
+        for sock in udp:
+            sock.setblocking(False)
+        reached = set()
+        for _ in range(24):  # fresh source ports, all with an id "for" process 0
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
+                receivers = set()
+                for _ in range(3):  # one client's handshake packets stay together
+                    client.sendto(bytes([0xC3, 0, 0, 0, 1, 8, 0]) + b"\x00" * 30,
+                                  ("127.0.0.1", groups.port))
+                    receivers.add(_wait_receiver(udp))
+            assert len(receivers) == 1 and None not in receivers
+            reached |= receivers
+        assert reached == {0, 1}
     finally:
         groups.close()
 
@@ -97,9 +118,9 @@ def test_tcp_and_udp_groups_share_one_port_and_are_refused_to_a_plain_socket() -
         groups.close()
 
 
-def test_the_program_is_seven_instructions_ending_in_a_return() -> None:
+def test_the_program_is_six_instructions_ending_in_a_return() -> None:
     program = steering_program(4)
-    assert len(program) == 7 and program[-1][0] == 0x16 and program[5] == (0x94, 0, 0, 4)
+    assert len(program) == 6 and program[-1][0] == 0x16 and program[4] == (0x94, 0, 0, 4)
     with pytest.raises(ValueError):
         steering_program(0)
 
@@ -135,6 +156,7 @@ for fd in slot["tcp"] + slot["udp"]:
     s.detach()
 stop = []
 signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+signal.signal(signal.SIGHUP, lambda *a: note(f"hup {{slot['index']}}"))
 os.write(slot["ready"], b"1")
 while not stop:
     time.sleep(0.02)
@@ -202,6 +224,64 @@ def test_a_child_that_fails_before_serving_stops_the_gateway_with_its_status(
         supervisor.close()
 
 
+def test_sighup_reaches_every_child_and_stops_none(tmp_path: Path) -> None:
+    # SIGHUP reloads a single gateway's certificate; under a supervisor it
+    # must not end the gateway (the default action of SIGHUP kills).
+    supervisor, log = _supervisor(tmp_path, "serve")
+    try:
+        supervisor.start_all()
+        _run_until(supervisor, lambda: all(c.ready for c in supervisor.children))
+        pids = supervisor.pids()
+        supervisor.forward(signal.SIGHUP)
+        _run_until(supervisor, lambda: {"hup 0", "hup 1"} <= set(log.read_text().split("\n")))
+        assert supervisor.pids() == pids and supervisor.stopping_since is None
+    finally:
+        supervisor.close()
+
+
+def test_a_restart_that_cannot_fork_is_tried_again_later_and_kills_nobody(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    supervisor, log = _supervisor(tmp_path, "serve")
+    try:
+        supervisor.start_all()
+        _run_until(supervisor, lambda: all(c.ready for c in supervisor.children))
+        second = supervisor.pids()[1]
+        real_command = supervisor.command
+
+        def no_fork(argv: Sequence[str]) -> list[str]:
+            raise OSError(11, "Resource temporarily unavailable")
+
+        supervisor.command = no_fork
+        supervisor.children[0].process.kill()  # type: ignore[union-attr]
+        _run_until(supervisor, lambda: supervisor.children[0].restart_at is not None
+                   and supervisor.children[0].process is None)
+        now = supervisor.children[0].restart_at
+        assert now is not None
+        assert supervisor.step(now + 0.01)  # the failed fork: still supervising
+        assert supervisor.pids()[1] == second and supervisor.stopping_since is None
+        retry_at = supervisor.children[0].restart_at
+        assert retry_at is not None and retry_at > now
+        supervisor.command = real_command
+        assert supervisor.step(retry_at + 0.01)
+        _run_until(supervisor, lambda: supervisor.children[0].ready)
+    finally:
+        supervisor.close()
+
+
+def test_a_port_another_gateway_serves_is_refused_not_shared() -> None:
+    import errno
+
+    first = bind_groups(["127.0.0.1"], 0, 2)
+    try:
+        with pytest.raises(OSError) as refused:
+            bind_groups(["127.0.0.1"], first.port, 2)
+        assert refused.value.errno == errno.EADDRINUSE
+    finally:
+        first.close()
+    again = bind_groups(["127.0.0.1"], first.port, 2)  # free again once it is gone
+    again.close()
+
+
 def test_child_slot_round_trips_through_the_environment() -> None:
     slot = ChildSlot(1, 4, 8443, (5, 6), (7, 8), 9)
     assert ChildSlot.from_env({CHILD_ENV: slot.to_env()}) == slot
@@ -253,3 +333,24 @@ def test_the_admin_ports_of_all_processes_must_be_ports_clear_of_the_public_one(
     assert main(["gateway", "--processes", "1", "--port", "8443", "--admin-port", "8443",
                  "--insecure-internal"]) == 1
     assert "--port 8443 is in the admin ports" in capsys.readouterr().err
+
+
+def test_default_processes_fall_back_to_one_where_the_kernel_cannot_steer(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # A gateway upgraded onto a kernel (or sandbox) without the reuseport
+    # program keeps serving as one process unless --processes was asked for.
+    import errno
+    from types import SimpleNamespace
+
+    import gateway.edge.processes as processes
+    from hedgerow.cli import _supervise_gateways
+
+    def refuse(sock: socket.socket, count: int) -> None:
+        raise OSError(errno.ENOPROTOOPT, "Protocol not available")
+
+    monkeypatch.setattr(processes, "attach_steering", refuse)
+    options = SimpleNamespace(certfile="cert.pem", keyfile="key.pem", state_dir=None,
+                              host="127.0.0.1", port=0)
+    assert _supervise_gateways(SimpleNamespace(processes=None), options, 2) is None  # type: ignore[arg-type]
+    assert _supervise_gateways(SimpleNamespace(processes=2), options, 2) == 1  # type: ignore[arg-type]
+    assert "--processes 2" in capsys.readouterr().err
