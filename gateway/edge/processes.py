@@ -30,7 +30,9 @@ certificate is the same in every child). Each child gets
 ``PR_SET_PDEATHSIG``: it does not outlive a parent that was killed.
 
 Processes share nothing in memory: what must be shared (tenants' limits,
-the response cache, budgets) goes through Redis, as between gateways.
+the response cache, budgets) goes through Redis, as between gateways. They
+do share one embedding sidecar, the parent's, started when a child asks for
+it (``gateway.cache.shared_embedder``).
 """
 
 from __future__ import annotations
