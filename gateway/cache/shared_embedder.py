@@ -61,18 +61,22 @@ class SocketEmbedder(SidecarEmbedder):
         delay = self.retry_initial_s
         while True:
             try:
-                async with await anyio.connect_unix(self.socket_path) as stream:
+                stream = await anyio.connect_unix(self.socket_path)
+            except OSError:  # loading, restarting or given up: its owner logs which
+                await anyio.sleep(delay)
+                delay = min(delay * 2, self.retry_max_s)
+                continue
+            try:
+                async with stream:
                     self.starts += 1
                     delay = self.retry_initial_s
                     log.info("connected to the shared embedding sidecar")
                     await self._serve(None, stream, announce)
             except (_ChildLost, *_BROKEN) as error:
-                if self.starts:  # not news while it is still loading
-                    log.warning("shared embedding sidecar: %s; reconnecting", error)
+                log.warning("shared embedding sidecar: %s; reconnecting", error)
             finally:
                 self._disconnected()
             await anyio.sleep(delay)
-            delay = min(delay * 2, self.retry_max_s)
 
 
 class SharedSidecar:
