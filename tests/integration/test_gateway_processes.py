@@ -269,6 +269,8 @@ def _children(stack: Stack) -> dict[int, int]:
 
 
 def test_a_killed_process_is_restarted_and_the_other_keeps_serving(stack: Stack) -> None:
+    supervisor = next(p for p in stack.procs if p.name == "gateway").popen.pid
+    sidecars = _embed_servers_under(supervisor)
     killed = wait_for(lambda: _children(stack).get(0), "process 0's pid")
     survivor = _children(stack)[1]
     served_by_survivor = _requests(stack, 1)
@@ -287,6 +289,9 @@ def test_a_killed_process_is_restarted_and_the_other_keeps_serving(stack: Stack)
     assert restarted != killed
     for _ in range(6):
         assert _tcp_request(stack).status_code == 200
+    # The new process embeds through the sidecar that was already running.
+    wait_for(lambda: _cache_stats(stack, 0)["semantic_ready"], "process 0's embedder", 30)
+    assert _embed_servers_under(supervisor) == sidecars and len(sidecars) == 1
 
 
 def _pid_alive(pid: int) -> bool:
