@@ -8,6 +8,13 @@ and the relay into the stream log, plus the fake worker's own small cost
 (the same on both sides of a comparison). Closed loop, ``STREAMS`` lanes.
 
     PYTHONPATH=$PWD .venv/bin/python bench/corridor.py 3000 1    # requests, streams
+    PYTHONPATH=$PWD .venv/bin/python bench/corridor.py 600 1 256 app profile
+
+Optional: the answer's length in tokens (default 3); ``app`` to drive the
+whole ``GatewayApp`` through an in-memory ASGI client (admission, the
+stream log, the reader writing SSE to the client, the disconnect watcher)
+instead of ``Generation`` alone; ``profile`` to print the top of a cProfile
+of the measured part. ``cpu_us_per_token`` is CPU per request over tokens.
 
 Run it as a script path (not ``-m``) to measure another checkout with the
 same file: ``PYTHONPATH=/path/to/that/tree .venv/bin/python bench/corridor.py``.
@@ -46,6 +53,14 @@ POLICY = Policy.model_validate({
     "models": [{"name": "m"}],
     "hedging": {"enabled": False},
     "scheduling": {"slo_admission": False, "max_queue": 100_000},
+    "cache": {"enabled": False},
+    "anonymous_tenant": "local",
+    "classes": [{"name": "interactive", "ttft_slo_ms": 1000, "deadline_ms": 60000,
+                 "hedge": False}],
+    "tenants": [{"name": "local", "class": "interactive",
+                 "limits": {"requests_per_s": 1_000_000, "requests_burst": 1_000_000,
+                            "tokens_per_min": 10**12, "tokens_burst": 10**11,
+                            "max_concurrency": 100_000}}],
 })
 BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                      "stream": True, "stream_options": {"include_usage": True}})
@@ -67,8 +82,36 @@ async def _scheduler(supervisor: Supervisor,
     return SchedulerDoor(plain), plain, "object"
 
 
-async def measure(total: int, streams: int) -> dict[str, Any]:
-    workers = FakeWorkers({"a": Behaviour(), "b": Behaviour()})
+class _Client:
+    """An ASGI client that sends one body and keeps only the byte count."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body, self.read, self.bytes, self.status = body, False, 0, 0
+        self.gone = anyio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.read:
+            self.read = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        else:
+            self.bytes += len(message.get("body", b""))
+
+
+SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+         "headers": [(b"content-type", b"application/json")], "query_string": b"",
+         "http_version": "1.1"}
+
+
+async def measure(total: int, streams: int, tokens: int = 3, app: bool = False,
+                  profile: bool = False) -> dict[str, Any]:
+    answer = Behaviour(tokens=tuple(f" w{i}" for i in range(tokens)))
+    workers = FakeWorkers({"a": answer, "b": answer})
     records = (record("a", model="m", slots=streams), record("b", model="m", slots=streams))
     directory = LatestValue(RegistrySnapshot(version=1, workers=records), 1)
     client = WorkerClient(POLICY.timeouts, transport=workers.transport())
@@ -78,7 +121,25 @@ async def measure(total: int, streams: int) -> dict[str, Any]:
             door, scheduler, shape = await _scheduler(supervisor, directory)
             dispatcher = Dispatcher(scheduler, client, POLICY)
 
+            gateway = None
+            if app:
+                from gateway.app import GatewayApp
+
+                gateway = GatewayApp(POLICY, directory, door, dispatcher)
+                client_body = orjson.dumps({"model": "m", "stream": True, "messages": [
+                    {"role": "user", "content": "hi"}]})
+
+            async def one_through_app() -> None:
+                assert gateway is not None
+                client = _Client(client_body)
+                await gateway(dict(SCOPE), client.receive, client.send)
+                if client.status != 200 or not client.bytes:
+                    raise RuntimeError(f"the app answered {client.status}")
+
             async def one() -> None:
+                if app:
+                    await one_through_app()
+                    return
                 now = time.monotonic()
                 ticket = Ticket(request_id=f"r{next(ids)}", tenant="local", model="m",
                                 arrival=now, due=now + 5, deadline=now + 60,
@@ -99,16 +160,32 @@ async def measure(total: int, streams: int) -> dict[str, Any]:
                         tg.start_soon(lane)
 
             await run(WARM_UP_PER_STREAM)
+            profiler = None
+            if profile:
+                import cProfile
+
+                profiler = cProfile.Profile()
+                profiler.enable()
             cpu, wall = time.process_time(), time.perf_counter()
             await run(total // streams)
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            if profiler is not None:
+                import pstats
+
+                profiler.disable()
+                pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     finally:  # (leaving the supervisor stopped the clock task)
         await client.aclose()
     done = (total // streams) * streams
-    return {"shape": shape, "streams": streams, "requests": done,
+    return {"shape": shape, "streams": streams, "requests": done, "tokens": tokens,
+            "through": "app" if app else "generation",
             "cpu_ms_per_request": round(cpu * 1000 / done, 4),
+            "cpu_us_per_token": round(cpu * 1e6 / done / tokens, 2),
             "requests_per_s": round(done / wall, 1)}
 
 
 if __name__ == "__main__":
-    print(json.dumps(anyio.run(measure, int(sys.argv[1]), int(sys.argv[2]))))
+    args = sys.argv[1:]
+    print(json.dumps(anyio.run(measure, int(args[0]), int(args[1]),
+                               int(args[2]) if len(args) > 2 else 3, "app" in args[3:],
+                               "profile" in args[3:])))

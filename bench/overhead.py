@@ -13,6 +13,12 @@ request per stream (re)opens the connections: the servers close idle ones
 after different keep-alive timeouts, and a reconnect's handshake is not what
 is being compared.
 
+Two answer lengths are measured: the short case (``max_tokens``, 8 tokens:
+what a request costs) and, when the plan has ``long_levels``, a long-answer
+case (``long_tokens``, 256: what each relayed token costs). Per-token CPU is
+the difference between the two cases' CPU per request, divided by the
+difference in tokens, so the per-request part cancels out.
+
 Reported: TTFT p50/p99 per target at the highest concurrency (and per level
 under ``by_streams``), each proxy's added latency (target minus direct), the
 CPU each proxy's processes spent per request from the kernel's accounting
@@ -63,14 +69,18 @@ class OverheadPlan:
     max_tokens: int = 8
     prefill_ms_per_token: float = 0.2
     decode_ms_per_token: float = 2.0
+    # The long-answer case (none: not measured), same shape as ``levels``.
+    long_levels: tuple[tuple[int, int], ...] = ()
+    long_tokens: int = 256
 
     @property
     def top_concurrency(self) -> int:
-        return max(concurrency for concurrency, _ in self.levels)
+        return max(concurrency for concurrency, _ in self.levels + self.long_levels)
 
 
-QUICK = OverheadPlan(rounds=3, levels=((1, 40), (100, 800)))
-FULL = OverheadPlan(rounds=6, levels=((1, 100), (100, 2000)))
+QUICK = OverheadPlan(rounds=3, levels=((1, 40), (100, 800)), long_levels=((1, 8), (100, 100)))
+FULL = OverheadPlan(rounds=6, levels=((1, 100), (100, 2000)),
+                    long_levels=((1, 20), (100, 500)))
 
 
 def overhead_policy() -> str:
@@ -132,14 +142,20 @@ def measure_overhead(workdir: Path, plan: OverheadPlan) -> dict[str, Any]:
                    "hedgerow": Target(stack.gateway_url, http, stack.ca_cert, request_timeout_s=120.0),
                    "nginx": Target(nginx_url, http, stack.ca_cert, request_timeout_s=120.0)}
         pids = {"hedgerow": gateway.popen.pid, "nginx": nginx.popen.pid}
-        measured = anyio.run(_measure_all, targets, pids, plan)
+        measured, long = anyio.run(_measure_all, targets, pids, plan)
         summary = summarize_overhead(measured, plan, http)
+        if long:
+            summary["long_answer"] = summarize_long(measured, long, plan)
         summary["hedgerow_rss_mb"] = round(rss_mb(gateway.popen.pid), 1)
     finally:
         stack.stop_all()
     from bench.plots import write_latency_plots  # matplotlib: loaded only when a scenario runs
 
     write_latency_plots(workdir, _plot_groups(measured), title="overhead: TTFT", metric="TTFT")
+    if long:
+        write_latency_plots(workdir / "long", _plot_groups(long),
+                            title=f"overhead, {plan.long_tokens}-token answers: TTFT",
+                            metric="TTFT")
     return summary
 
 
@@ -169,31 +185,43 @@ MeasuredByLevel = dict[int, dict[str, Measured]]
 
 
 async def _measure_all(targets: Mapping[str, Target], pids: Mapping[str, int],
-                       plan: OverheadPlan) -> MeasuredByLevel:
-    factory = unique_prompt_factory(plan.max_tokens)
-    measured: MeasuredByLevel = {}
+                       plan: OverheadPlan) -> tuple[MeasuredByLevel, MeasuredByLevel]:
+    """(the short case, the long-answer case: empty when the plan has none)."""
     began = anyio.current_time()
     async with AsyncExitStack() as exits:
         clients = {name: await exits.enter_async_context(HttpClients(target))
                    for name, target in targets.items()}
-        for concurrency, per_round in plan.levels:
-            level = measured[concurrency] = {name: Measured() for name in targets}
-            for round_index in range(plan.rounds):
-                for name in _rotated(list(targets), round_index):
-                    # Unmeasured warm-up: servers close idle keep-alive connections at
-                    # different times (Hypercorn after 5 s), so reopen them all first.
-                    await run_load(targets[name], ClosedLoop(concurrency, count=concurrency),
-                                   factory, clients=clients[name])
-                    pid = pids.get(name)
-                    cpu_before = cpu_seconds(pid) if pid else 0.0
-                    client_before = own_cpu_seconds(os.getpid())
-                    offset = anyio.current_time() - began
-                    result = await run_load(targets[name], ClosedLoop(concurrency, count=per_round),
-                                            factory, seed=round_index, clients=clients[name])
-                    level[name].cpu_s += (cpu_seconds(pid) - cpu_before) if pid else 0.0
-                    level[name].client_cpu_s += own_cpu_seconds(os.getpid()) - client_before
-                    level[name].records.extend(result.records)
-                    level[name].started_at_s.extend(offset + r.intended_s for r in result.records)
+        short = await _measure_case(targets, clients, pids, plan.rounds, plan.levels,
+                                    plan.max_tokens, began)
+        long = await _measure_case(targets, clients, pids, plan.rounds, plan.long_levels,
+                                   plan.long_tokens, began)
+    return short, long
+
+
+async def _measure_case(targets: Mapping[str, Target], clients: Mapping[str, HttpClients],
+                        pids: Mapping[str, int], rounds: int,
+                        levels: tuple[tuple[int, int], ...], max_tokens: int,
+                        began: float) -> MeasuredByLevel:
+    factory = unique_prompt_factory(max_tokens)
+    measured: MeasuredByLevel = {}
+    for concurrency, per_round in levels:
+        level = measured[concurrency] = {name: Measured() for name in targets}
+        for round_index in range(rounds):
+            for name in _rotated(list(targets), round_index):
+                # Unmeasured warm-up: servers close idle keep-alive connections at
+                # different times (Hypercorn after 5 s), so reopen them all first.
+                await run_load(targets[name], ClosedLoop(concurrency, count=concurrency),
+                               factory, clients=clients[name])
+                pid = pids.get(name)
+                cpu_before = cpu_seconds(pid) if pid else 0.0
+                client_before = own_cpu_seconds(os.getpid())
+                offset = anyio.current_time() - began
+                result = await run_load(targets[name], ClosedLoop(concurrency, count=per_round),
+                                        factory, seed=round_index, clients=clients[name])
+                level[name].cpu_s += (cpu_seconds(pid) - cpu_before) if pid else 0.0
+                level[name].client_cpu_s += own_cpu_seconds(os.getpid()) - client_before
+                level[name].records.extend(result.records)
+                level[name].started_at_s.extend(offset + r.intended_s for r in result.records)
     return measured
 
 
@@ -238,6 +266,45 @@ def summarize_level(level: Mapping[str, Measured]) -> dict[str, Any]:
         requests = len(level[proxy].records)
         summary[f"{proxy}_cpu_ms_per_request"] = round(1000 * level[proxy].cpu_s / max(1, requests), 3)
     return summary
+
+
+def summarize_long(short: MeasuredByLevel, long: MeasuredByLevel,
+                   plan: OverheadPlan) -> dict[str, Any]:
+    """The long-answer case, and each proxy's CPU per relayed token next to nginx's.
+
+    Per token: (CPU per long request - CPU per short request) / (token difference)
+    at the same concurrency, so the per-request part cancels out.
+    """
+    by_streams = {str(c): summarize_level(level) for c, level in long.items()}
+    extra_tokens = plan.long_tokens - plan.max_tokens
+    side_by_side: dict[str, Any] = {}
+    for concurrency in sorted(long):
+        row: dict[str, Any] = {}
+        short_level = summarize_level(short[concurrency]) if concurrency in short else None
+        for proxy in PROXIES:
+            key = f"{proxy}_cpu_ms_per_request"
+            row[f"{proxy}_cpu_ms_per_long_request"] = by_streams[str(concurrency)][key]
+            if short_level is not None:
+                row[f"{proxy}_cpu_ms_per_request"] = short_level[key]
+                row[f"{proxy}_cpu_us_per_token"] = round(
+                    1000 * (by_streams[str(concurrency)][key] - short_level[key])
+                    / max(1, extra_tokens), 3)
+                for q in ("p50", "p99"):
+                    row[f"{proxy}_added_{q}_ms"] = short_level[f"{proxy}_added_{q}_ms"]
+        if short_level is not None:
+            row["cpu_per_request_vs_nginx"] = _ratio(row["hedgerow_cpu_ms_per_request"],
+                                                     row["nginx_cpu_ms_per_request"])
+            row["cpu_per_token_vs_nginx"] = _ratio(row["hedgerow_cpu_us_per_token"],
+                                                   row["nginx_cpu_us_per_token"])
+        side_by_side[str(concurrency)] = row
+    return {"baseline": "nginx, same run", "max_tokens": plan.long_tokens,
+            "by_streams": by_streams, "side_by_side": side_by_side}
+
+
+def _ratio(value: float | None, baseline: float | None) -> float | None:
+    if value is None or baseline is None or baseline <= 0:
+        return None
+    return round(value / baseline, 2)
 
 
 def _target_summary(measured: Measured) -> dict[str, Any]:

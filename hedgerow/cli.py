@@ -704,6 +704,10 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if not 1 <= processes <= 256:
         print("hedgerow: --processes must be 1 to 256", file=sys.stderr)
         return 1
+    problem = _admin_ports_problem(args.admin_port, args.port, processes)
+    if problem is not None:
+        print(f"hedgerow: {problem}", file=sys.stderr)
+        return 1
     from gateway.edge.h2_budget import parse_h2_limits
     if not 0 < args.tls_ticket_rotation_s < float("inf"):
         print("hedgerow: --tls-ticket-rotation-s must be a positive number", file=sys.stderr)
@@ -766,6 +770,21 @@ def _run_gateway(args: argparse.Namespace) -> int:
     with traced("hedgerow-gateway"):
         return _run_reporting_setup_errors(
             lambda: run_until_signalled(lambda shutdown: run_gateway(options, shutdown)))
+
+
+def _admin_ports_problem(admin_port: int | None, port: int, processes: int) -> str | None:
+    """Process i's admin listener is on admin_port + i: the whole range must be
+    ports, and clear of the public port (which every process binds too)."""
+    if admin_port is None or admin_port == 0:
+        return None
+    last = admin_port + processes - 1
+    if last > 65535:
+        return (f"--admin-port {admin_port} with --processes {processes} needs ports up to "
+                f"{last}; the last port is 65535")
+    if port != 0 and admin_port <= port <= last:
+        return (f"--port {port} is in the admin ports of --processes {processes} "
+                f"(--admin-port {admin_port}..{last}, process i on --admin-port + i)")
+    return None
 
 
 def _supervise_gateways(args: argparse.Namespace, options: GatewayOptions,

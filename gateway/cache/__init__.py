@@ -82,7 +82,9 @@ from gateway.cache.entry import (
     CacheEntry,
     EntryBuilder,
     entry_from_response,
+    ReplayKind,
     json_replay,
+    replay_events,
     sse_replay,
 )
 from gateway.cache.keys import CacheKeys, bypasses_lookup, cache_keys, cacheable, forbids_store
@@ -113,6 +115,11 @@ class Hit:
     def sse(self, request_id: str, *, model: str | None = None,
             include_usage: bool = False) -> Iterator[bytes]:
         return sse_replay(self.entry, request_id, model=model, include_usage=include_usage)
+
+    def events(self, request_id: str, *, model: str | None = None,
+               include_usage: bool = False) -> Iterator[tuple[ReplayKind, bytes]]:
+        """``sse``'s events with their kinds (for a stream log: nothing to parse back)."""
+        return replay_events(self.entry, request_id, model=model, include_usage=include_usage)
 
     def json(self, request_id: str, *, model: str | None = None) -> dict[str, Any]:
         return json_replay(self.entry, request_id, model=model)
@@ -233,18 +240,22 @@ class ResponseCache:
         return cache_keys(tenant, request, self.policy)
 
     async def lookup(self, tenant: str, model: str | None, request_json: Mapping[str, Any],
-                     headers: HeadersLike | None = None) -> Hit | None:
+                     headers: HeadersLike | None = None, *,
+                     keys: CacheKeys | None = None) -> Hit | None:
+        """``keys``: this request's, from ``keys`` (computed once per request, and
+        carried on to ``store``); given, the caller has found it ``cacheable``."""
         settings = self.policy.cache
         if not settings.enabled:
             return None
         if bypasses_lookup(_headers(headers)):
             self.counts["bypass"] += 1
             return None
-        request = request_json if model is None else {**request_json, "model": model}
-        if not cacheable(tenant, request, self.policy):
-            self.counts["uncacheable"] += 1
-            return None
-        keys = cache_keys(tenant, request, self.policy)
+        if keys is None:
+            request = request_json if model is None else {**request_json, "model": model}
+            if not cacheable(tenant, request, self.policy):
+                self.counts["uncacheable"] += 1
+                return None
+            keys = cache_keys(tenant, request, self.policy)
         hit = await self._exact(keys) if settings.exact.enabled else None
         if hit is None and settings.semantic.enabled and keys.question is not None:
             hit = await self._semantic(keys)
@@ -276,16 +287,20 @@ class ResponseCache:
 
     async def store(self, tenant: str, model: str | None, request_json: Mapping[str, Any],
                     answer: CacheEntry | Mapping[str, Any],
-                    headers: HeadersLike | None = None) -> bool:
+                    headers: HeadersLike | None = None, *,
+                    keys: CacheKeys | None = None) -> bool:
+        """``keys``: as for ``lookup`` (the request's own, found cacheable then)."""
         settings = self.policy.cache
-        request = request_json if model is None else {**request_json, "model": model}
-        if (not settings.enabled or forbids_store(_headers(headers))
-                or not cacheable(tenant, request, self.policy)):
+        if not settings.enabled or forbids_store(_headers(headers)):
             return False
+        if keys is None:
+            request = request_json if model is None else {**request_json, "model": model}
+            if not cacheable(tenant, request, self.policy):
+                return False
+            keys = cache_keys(tenant, request, self.policy)
         entry = answer if isinstance(answer, CacheEntry) else entry_from_response(dict(answer))
         if entry is None:
             return False
-        keys = cache_keys(tenant, request, self.policy)
         now = self.clock()
         if settings.exact.enabled:
             await self.exact.put(ExactKey(keys.exact, keys.namespace, keys.model), entry, now)

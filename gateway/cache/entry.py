@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -191,22 +191,41 @@ def sse_replay(
     ``model`` is the name the client asked for (default: the cached one);
     ``created`` defaults to now, as a fresh answer would have.
     """
+    for _, event in replay_events(entry, request_id, model=model, created=created,
+                                  include_usage=include_usage):
+        yield event
+
+
+# What each replayed event is, in ``gateway.corridor.stream_log.EventKind``'s words:
+# the kinds the relay gives a live worker's events (``gateway.corridor.generation.classify``).
+ReplayKind = Literal["token", "usage", "done", "other"]
+
+
+def replay_events(
+    entry: CacheEntry, request_id: str, *, model: str | None = None,
+    created: int | None = None, include_usage: bool = False,
+) -> Iterator[tuple[ReplayKind, bytes]]:
+    """``sse_replay``'s events with their kinds, so a hit goes straight into a
+    stream log without being parsed back from SSE."""
     name = model or entry.model
     when = oa.now_created() if created is None else created
     if entry.chat:
         role = {"role": "assistant", "content": ""}
-        yield sse_event(oa.chat_chunk(request_id, name, when, role))
+        yield "other", sse_event(oa.chat_chunk(request_id, name, when, role))
         logprobs = None if entry.logprobs is None else list(entry.logprobs)
         for delta, shown in replay_deltas(entry.text, list(entry.tool_calls), logprobs):
-            yield sse_event(oa.chat_chunk(request_id, name, when, delta, None, shown))
-        yield sse_event(oa.chat_chunk(request_id, name, when, {}, entry.finish_reason))
+            kind: ReplayKind = ("token" if delta.get("content") or delta.get("tool_calls")
+                                else "other")
+            yield kind, sse_event(oa.chat_chunk(request_id, name, when, delta, None, shown))
+        yield "other", sse_event(oa.chat_chunk(request_id, name, when, {}, entry.finish_reason))
     else:
         for piece in text_pieces(entry.text):
-            yield sse_event(oa.text_chunk(request_id, name, when, piece))
-        yield sse_event(oa.text_chunk(request_id, name, when, "", entry.finish_reason))
+            yield ("token" if piece else "other"), sse_event(
+                oa.text_chunk(request_id, name, when, piece))
+        yield "other", sse_event(oa.text_chunk(request_id, name, when, "", entry.finish_reason))
     if include_usage:
-        yield sse_event(oa.usage_chunk(request_id, name, when, entry.usage()))
-    yield SSE_DONE
+        yield "usage", sse_event(oa.usage_chunk(request_id, name, when, entry.usage()))
+    yield "done", SSE_DONE
 
 
 def json_replay(

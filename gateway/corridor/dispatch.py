@@ -82,12 +82,18 @@ class Dispatcher:
             raise
 
     async def first_token(self, ticket: Ticket, call: UpstreamCall) -> Attempt:
+        """The winning attempt. With no hedge possible, attempts (the primary, then
+        any retries) run one after another in the caller's task: no task group, no
+        channel, no message. A race opens only when a hedge may start."""
         first = await self.assigned_worker(ticket)
         race = _Race(ticket, call, [first.registration.worker_id])
+        hedge_at = self._hedge_at(ticket, first)
+        if hedge_at == math.inf:
+            return await self._one_at_a_time(race, first)
         send, receive = anyio.create_memory_object_stream[AttemptResult](8)
         async with send, receive:
             try:
-                await self._run(race, first, send, receive)
+                await self._run(race, first, hedge_at, send, receive)
             except BaseException:  # the client left: even a winner must be closed now
                 await self._close_losers([*receive_leftovers(receive), *_present(race.winner)])
                 raise
@@ -97,11 +103,25 @@ class Dispatcher:
             return race.winner
         raise _final_error(race.errors)
 
-    async def _run(self, race: _Race, first: WorkerRecord, send: Sender[AttemptResult],
-                   receive: Receiver[AttemptResult]) -> None:
+    async def _one_at_a_time(self, race: _Race, worker: WorkerRecord) -> Attempt:
+        kind: AttemptKind = "primary"
+        while True:
+            result = await self._try(race, worker, kind)
+            if isinstance(result, Attempt):
+                return result
+            race.errors.append(result)
+            if isinstance(result, UpstreamRejected):
+                break
+            retry = await self._retry_worker(race)
+            if retry is None:
+                break
+            worker, kind = retry, "retry"
+        raise _final_error(race.errors)
+
+    async def _run(self, race: _Race, first: WorkerRecord, hedge_at: float,
+                   send: Sender[AttemptResult], receive: Receiver[AttemptResult]) -> None:
         async with anyio.create_task_group() as tg:
             self._launch(tg, race, first, send, kind="primary")
-            hedge_at = self._hedge_at(race.ticket, first)
             while race.running:
                 result = await self._next_result(race, receive, hedge_at)
                 if result is None:  # hedge time came first
@@ -125,6 +145,21 @@ class Dispatcher:
 
     async def _attempt(self, race: _Race, worker: WorkerRecord,
                        send: Sender[AttemptResult], kind: AttemptKind) -> None:
+        async with send:
+            result = await self._try(race, worker, kind)
+            try:
+                await send.send(result)
+            except BaseException:  # cancelled just as it got its first token: it lost
+                if isinstance(result, Attempt):
+                    result.span.set_attribute("hedgerow.attempt.outcome", "lost")
+                    with anyio.CancelScope(shield=True):
+                        await result.aclose()
+                    self.report(result.worker_id, "abandoned")
+                raise
+
+    async def _try(self, race: _Race, worker: WorkerRecord, kind: AttemptKind) -> AttemptResult:
+        """One attempt up to its first token; an error it ended with is returned
+        (and reported), cancellation is reported and raised."""
         worker_id = worker.registration.worker_id
         ttft_timeout = self._policy(race.ticket).timeouts.ttft_ms / 1000
         if race.ticket.upstream_at is None:
@@ -132,41 +167,31 @@ class Dispatcher:
         # Hedges and retries are siblings under the request's span; the worker's
         # own spans hang under this one (its traceparent).
         span = tracing.start_client_span("attempt", _attempt_attributes(race, worker, kind))
-        async with send:
-            try:
-                attempt = await start_attempt(self.workers, worker, race.call,
-                                              hedged=kind == "hedge",
-                                              ttft_timeout_s=ttft_timeout, span=span)
-            except UpstreamRejected as rejected:  # the client's mistake: not the worker's
-                log.info("request %s: worker %s refused it: %s", race.ticket.request_id,
-                         worker_id, rejected.detail)
-                _attempt_ended(span, "rejected", rejected)
-                self.report(worker_id, "abandoned")
-                await send.send(rejected)
-                return
-            except UpstreamFailed as failed:  # the detail is for operators only
-                log.warning("request %s: worker %s failed: %s", race.ticket.request_id,
-                            worker_id, failed.detail)
-                _attempt_ended(span, "failed", failed)
-                self.report(worker_id, "failure")
-                await send.send(failed)
-                return
-            except BaseException:  # cancelled (lost the race, client left), or a bug
-                _attempt_ended(span, "cancelled")
-                self.report(worker_id, "abandoned")
-                raise
-            if span.is_recording():
-                span.add_event("first_token", {"hedgerow.ttft_ms": round(attempt.ttft_s * 1000, 3)},
-                               timestamp=tracing.wall_ns(attempt.first_token_at))
-            try:
-                self.scheduler.first_token(race.ticket.model, attempt.pool, attempt.ttft_s)
-                await send.send(attempt)
-            except BaseException:  # cancelled just as it got its first token: it lost
-                span.set_attribute("hedgerow.attempt.outcome", "lost")
-                with anyio.CancelScope(shield=True):
-                    await attempt.aclose()
-                self.report(worker_id, "abandoned")
-                raise
+        try:
+            attempt = await start_attempt(self.workers, worker, race.call,
+                                          hedged=kind == "hedge",
+                                          ttft_timeout_s=ttft_timeout, span=span)
+        except UpstreamRejected as rejected:  # the client's mistake: not the worker's
+            log.info("request %s: worker %s refused it: %s", race.ticket.request_id,
+                     worker_id, rejected.detail)
+            _attempt_ended(span, "rejected", rejected)
+            self.report(worker_id, "abandoned")
+            return rejected
+        except UpstreamFailed as failed:  # the detail is for operators only
+            log.warning("request %s: worker %s failed: %s", race.ticket.request_id,
+                        worker_id, failed.detail)
+            _attempt_ended(span, "failed", failed)
+            self.report(worker_id, "failure")
+            return failed
+        except BaseException:  # cancelled (lost the race, client left), or a bug
+            _attempt_ended(span, "cancelled")
+            self.report(worker_id, "abandoned")
+            raise
+        if span.is_recording():
+            span.add_event("first_token", {"hedgerow.ttft_ms": round(attempt.ttft_s * 1000, 3)},
+                           timestamp=tracing.wall_ns(attempt.first_token_at))
+        self.scheduler.first_token(race.ticket.model, attempt.pool, attempt.ttft_s)
+        return attempt
 
     def _hedge_at(self, ticket: Ticket, worker: WorkerRecord) -> float:
         if not (ticket.hedgeable and self._policy(ticket).hedging.enabled):
@@ -192,18 +217,25 @@ class Dispatcher:
 
     async def _retry(self, tg: TaskGroup, race: _Race,
                      send: Sender[AttemptResult]) -> None:
+        worker = await self._retry_worker(race)
+        if worker is not None:
+            self._launch(tg, race, worker, send, kind="retry")
+
+    async def _retry_worker(self, race: _Race) -> WorkerRecord | None:
+        """The worker for a retry (waiting in the queue when none is free); None
+        when the policy allows no more retries, or none can be placed."""
         if race.retries >= self._policy(race.ticket).retries.before_first_token:
-            return
+            return None
         placed = self._reroute(race, hedge=False)
         if placed is None:
-            return
+            return None
         race.retries += 1
         worker = await self._requeued_worker(race) if isinstance(placed, Requeued) else placed
         if worker is not None:
             log.info("request %s: retrying on %s", race.ticket.request_id,
                      worker.registration.worker_id)
             race.tried.append(worker.registration.worker_id)
-            self._launch(tg, race, worker, send, kind="retry")
+        return worker
 
     def _reroute(self, race: _Race, *, hedge: bool) -> WorkerRecord | Requeued | None:
         # No await between the answer and its use: a slot taken, or a ticket queued,

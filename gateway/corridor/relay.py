@@ -9,6 +9,7 @@ SSE ``error`` event, never a silent truncation.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -118,40 +119,111 @@ async def follow_log(
     The response must have started. Events waiting together go out in one
     write. An idle stream gets a comment every ``heartbeat_s``. A reader that
     fell behind what the log keeps gets an error event; one that accepts
-    nothing for ``stall_s`` is cut (ClientStalled).
+    nothing for ``stall_s`` is cut (ClientStalled). Both limits are kept by one
+    timer per reader (``ReaderPace``), not a cancel scope per wait and write.
     """
+    with anyio.CancelScope() as scope:
+        pace = ReaderPace(scope, heartbeat_s, stall_s)
+        try:
+            await _follow(request, stream, after, include_usage, pace, observer)
+        finally:
+            pace.stop()
+    if pace.stalled:
+        raise ClientStalled(f"the client accepted no bytes for {stall_s:.1f}s")
+    await request.send({"type": "http.response.body", "body": b""})
+
+
+async def _follow(request: Request, stream: StreamLog, after: int, include_usage: bool,
+                  pace: ReaderPace, observer: RelayObserver | None) -> None:
     while True:
         try:
             events = stream.events_after(after)
         except ReaderOverrun as overrun:
             log.warning("slow reader on %s: %s", stream.request_id, overrun)
-            await _write(request, _error_event(
+            await pace.write(request, _error_event(
                 "the client read too slowly: the stream ran ahead of what the gateway keeps "
-                f"({overrun}); resume with Last-Event-ID or retry", "slow_reader"), stall_s)
-            break
+                f"({overrun}); resume with Last-Event-ID or retry", "slow_reader"))
+            return
         if events:
             after = events[-1].id
-            body = b"".join(e.payload for e in events
-                            if include_usage or e.kind != "usage")
+            if len(events) == 1:
+                body = events[0].payload if include_usage or events[0].kind != "usage" else b""
+            else:
+                body = b"".join(e.payload for e in events if include_usage or e.kind != "usage")
             if body:
-                await _write(request, body, stall_s)
+                await pace.write(request, body)
             if observer is not None:
                 written = time.monotonic()
                 for event in events:
                     observer.relayed(event.received, written, event.kind == "token")
             continue
         if stream.finished:
-            break
-        if not await stream.wait_beyond(after, heartbeat_s):
-            await _write(request, HEARTBEAT, stall_s)
-    await request.send({"type": "http.response.body", "body": b""})
+            return
+        if pace.heartbeat_due():
+            await pace.write(request, HEARTBEAT)
+            continue
+        await pace.wait(stream)
 
 
-async def _write(request: Request, body: bytes, stall_s: float) -> None:
-    with anyio.move_on_after(stall_s) as waited:
-        await request.send({"type": "http.response.body", "body": body, "more_body": True})
-    if waited.cancelled_caught:
-        raise ClientStalled(f"the client accepted no bytes for {stall_s:.1f}s")
+class ReaderPace:
+    """One reader's two limits on one timer, re-armed only when it fires: a
+    heartbeat after ``heartbeat_s`` without a write, and the cut of a client
+    that accepts nothing for ``stall_s`` (``scope`` cancelled, ``stalled`` set).
+    A token relayed on time costs two clock reads, no timer and no scope."""
+
+    def __init__(self, scope: anyio.CancelScope, heartbeat_s: float, stall_s: float) -> None:
+        self.scope = scope
+        self.heartbeat_s, self.stall_s = heartbeat_s, stall_s
+        self.loop = asyncio.get_running_loop()
+        self.last_write = self.loop.time()
+        self.writing_since: float | None = None
+        self.stalled = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = self.loop.call_at(
+            self.last_write + min(heartbeat_s, stall_s), self._check)
+
+    def heartbeat_due(self) -> bool:
+        return self.loop.time() - self.last_write >= self.heartbeat_s
+
+    async def wait(self, stream: StreamLog) -> None:
+        """Until the stream changes or a heartbeat is due."""
+        self.waiter = stream.next_change()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+    async def write(self, request: Request, body: bytes) -> None:
+        self.writing_since = self.loop.time()
+        try:
+            await request.send({"type": "http.response.body", "body": body, "more_body": True})
+        finally:
+            self.writing_since = None
+            self.last_write = self.loop.time()
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        if self.writing_since is not None:
+            due = self.writing_since + self.stall_s
+            if now >= due:
+                self.stalled = True
+                self.timer = None
+                self.scope.cancel()
+                return
+        else:
+            due = self.last_write + self.heartbeat_s
+            if now >= due:
+                if self.waiter is not None and not self.waiter.done():
+                    self.waiter.set_result(None)
+                due = now + self.heartbeat_s
+            # A write may start before the next check: never later than its stall limit.
+            due = min(due, now + self.stall_s)
+        self.timer = self.loop.call_at(due, self._check)
 
 
 def _error_event(message: str, code: str) -> bytes:

@@ -14,12 +14,17 @@ Event ids are 1, 2, 3 … in order; ``after=0`` means from the beginning.
        └──► refused (an error before the first token: the client gets an
             HTTP error, never a stream)
 
+Waiting costs one bare future per wake-up, made only when a reader waits,
+and whoever stops the generation does so by moving its cancel scope's
+deadline (``stop_when_abandoned``), not with a task that watches readers.
+
 ``StreamBook`` is the gateway's bounded index of logs by request id, with
 time injected: finished logs stay resumable for ``retain_s``, then go.
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import math
@@ -27,7 +32,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import anyio
 
@@ -36,8 +41,7 @@ from hedgerow.errors import StreamGone, StreamNotFound
 EventKind = Literal["token", "usage", "done", "error", "other"]
 
 
-@dataclass(frozen=True)
-class LogEvent:
+class LogEvent(NamedTuple):  # a tuple: one is made per relayed token
     id: int
     kind: EventKind
     payload: bytes  # the whole SSE event, ``id:`` line included
@@ -81,10 +85,12 @@ class StreamLog:
         self._ledger: _Ledger | None = None
         self._next_id = 1
         self._opened = anyio.Event()
-        # Made when someone waits and set (then dropped) on the next change, so
-        # the many appends nobody is waiting for allocate nothing.
-        self._changed: anyio.Event | None = None
-        self._readers_changed: anyio.Event | None = None
+        # Futures of readers waiting for the next change, resolved (and
+        # dropped) by it: the many appends nobody waits for allocate nothing.
+        self._waiters: list[asyncio.Future[None]] = []
+        # The generation's scope, stopped when nobody reads (``stop_when_abandoned``).
+        self._generating: anyio.CancelScope | None = None
+        self._grace_s = 0.0
 
     # -- the generation's side ------------------------------------------------
 
@@ -94,6 +100,7 @@ class StreamLog:
         self.worker_id, self.hedged = worker_id, hedged
         self._started = True
         self._opened.set()
+        self._steer()
 
     def refuse(self, error: BaseException) -> None:
         """The stream will never start; readers answer with ``error``. (The
@@ -125,7 +132,6 @@ class StreamLog:
                 self._ledger.finished(self)
             self._opened.set()  # a generation cancelled before its first token
             self._wake()
-            self._readers_moved()
 
     def cancel(self, reason: str, *, code: str = "stream_cancelled",
                error_type: str = "upstream_error") -> None:
@@ -134,7 +140,7 @@ class StreamLog:
         if not self.finished and self.cancel_reason is None:
             self.cancel_reason = reason
             self.cancel_code, self.cancel_type = code, error_type
-            self._readers_moved()
+            self._steer()
 
     # -- the readers' side ----------------------------------------------------
 
@@ -171,59 +177,55 @@ class StreamLog:
         """Wait until an event above ``after`` exists or the log finished; False on timeout."""
         with anyio.move_on_after(timeout_s):
             while after >= self.last_id and not self.finished:
-                await self._next_change()
+                await self.next_change()
             return True
         return False
+
+    def next_change(self) -> asyncio.Future[None]:
+        """Resolved at the next event, the finish, or ``wake`` (await it)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
 
     @contextmanager
     def reading(self) -> Iterator[None]:
         """Count one reader while the body runs (the generation waits for readers)."""
         self.readers += 1
-        self._readers_moved()
+        self._steer()
         try:
             yield
         finally:
             self.readers -= 1
-            self._readers_moved()
+            self._steer()
 
-    async def abandoned(self, grace_s: float) -> bool:
-        """Wait while the stream has readers, or may get one back; True when the
-        generation should stop: cancelled, or nobody reading it for ``grace_s``
-        (at once if it never started, as its client never learnt its id)."""
-        while not self.finished:
-            if self.cancel_reason is not None:
-                return True
-            if self.readers > 0:
-                await self._next_readers_change()
-                continue
-            if not self.started:
-                return True
-            with anyio.move_on_after(grace_s):
-                while self.readers == 0 and not self.finished and self.cancel_reason is None:
-                    await self._next_readers_change()
-            if self.readers == 0 and not self.finished:
-                return True
-        return False
+    def stop_when_abandoned(self, generating: anyio.CancelScope, grace_s: float) -> None:
+        """Stop the generation running in ``generating`` once it should: cancelled,
+        or nobody reading it for ``grace_s`` (at once if it never started, as its
+        client never learnt its id). No task watches: each change of readers
+        moves the scope's deadline (to never while someone reads)."""
+        self._generating, self._grace_s = generating, grace_s
+        self._steer()
 
-    async def _next_change(self) -> None:
-        if self._changed is None:
-            self._changed = anyio.Event()
-        await self._changed.wait()
+    def _steer(self) -> None:
+        scope = self._generating
+        if scope is None or self.finished:
+            return
+        if self.cancel_reason is not None or (self.readers == 0 and not self._started):
+            scope.cancel()
+        elif self.readers == 0:
+            if scope.deadline == math.inf:  # the grace starts when the last reader leaves
+                scope.deadline = anyio.current_time() + self._grace_s
+        elif scope.deadline != math.inf:
+            scope.deadline = math.inf
 
-    async def _next_readers_change(self) -> None:
-        if self._readers_changed is None:
-            self._readers_changed = anyio.Event()
-        await self._readers_changed.wait()
+    def wake(self) -> None:
+        """Resolve every waiting reader's ``next_change`` (they look again)."""
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
-    def _readers_moved(self) -> None:
-        if self._readers_changed is not None:
-            self._readers_changed.set()
-            self._readers_changed = None
-
-    def _wake(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+    _wake = wake
 
 
 class _Ledger:

@@ -240,7 +240,7 @@ class ChildSlot:
             pass  # full: the supervisor has been asked already; closed: it is going away
 
     def sockets(self) -> tuple[tuple[socket.socket, ...], tuple[socket.socket, ...]]:
-        """The inherited sockets, non-blocking, for ``gateway.transport.Listeners``."""
+        """The inherited sockets, non-blocking, for ``gateway.edge.transport.Listeners``."""
         tcp = tuple(socket.socket(fileno=fd) for fd in self.tcp_fds)
         udp = tuple(socket.socket(fileno=fd) for fd in self.udp_fds)
         for sock in tcp + udp:

@@ -71,6 +71,11 @@ class Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._drained: asyncio.Future[None] | None = None
         self._reading_paused = False
+        # One idle timer per connection, re-armed only when it fires: a read
+        # that is on time costs a clock read, not a timer.
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._wait_began = 0.0
+        self._wait_limit_s = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -117,12 +122,28 @@ class Connection(asyncio.Protocol):
         """Until more bytes arrive or the connection is lost; ReadTimeout after ``timeout_s``."""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout_s, _expire, waiter, ReadTimeout)
+        self._wait_began, self._wait_limit_s = loop.time(), timeout_s
+        due = self._wait_began + timeout_s
+        if self._idle_timer is None or self._idle_timer.when() > due:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+            self._idle_timer = loop.call_at(due, self._idle_check)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # not waiting: the next wait arms it again
+        due = self._wait_began + self._wait_limit_s
+        loop = asyncio.get_running_loop()
+        if loop.time() >= due:
+            _expire(waiter, ReadTimeout)
+        else:
+            self._idle_timer = loop.call_at(due, self._idle_check)
 
     async def send(self, data: bytes, timeout_s: float) -> None:
         self.received = False
@@ -138,6 +159,9 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.lost = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         if self.transport is not None:
             self.transport.abort()  # no lingering half-read connection
 

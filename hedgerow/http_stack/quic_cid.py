@@ -6,7 +6,7 @@ host id (``_host_cids[0]``, also its ``initial_source_connection_id``) and
 each id ``_replenish_connection_ids`` makes for NEW_CONNECTION_ID frames --
 gets a first byte ``b`` with ``b % count == index``. ``new_server_cid`` makes
 such an id for other server-chosen ids (the Retry's source id,
-``gateway.quic_cap``). Client connections are left alone.
+``gateway.edge.quic_cap``). Client connections are left alone.
 
 Why: ``hedgerow gateway --processes N`` serves one UDP port from N processes,
 one SO_REUSEPORT socket each, and a classic BPF program on the socket group

@@ -30,7 +30,7 @@ import httpx
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from hedgerow.trust.ca import fingerprint, make_csr
+from hedgerow.trust.ca import fingerprint, issued_at, make_csr
 from hedgerow.trust.credentials import Credentials, CredentialsError, TlsContexts
 from hedgerow.trust.identity import Identity
 from hedgerow.trust.pem import cert_pem
@@ -73,8 +73,14 @@ class JoinOptions:
 
 
 def renew_at(cert: x509.Certificate) -> datetime.datetime:
-    """When to renew: two thirds into the certificate's life (sans-IO)."""
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    """When to renew: two thirds into the certificate's life (sans-IO).
+
+    The life counts from issuance, not from ``not_valid_before``, which the CA
+    backdates by its clock-skew allowance: counted from there, a certificate
+    shorter than about twice that allowance was due before it was issued and
+    renewed in a loop."""
+    end = cert.not_valid_after_utc
+    start = min(issued_at(cert), end)
     return start + (end - start) * RENEW_AT_FRACTION
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from bench import nginx
 from bench.nginx import NginxConfig, NginxUnavailable, nginx_binary
-from bench.overhead import Measured, OverheadPlan, summarize_overhead
+from bench.overhead import Measured, OverheadPlan, summarize_long, summarize_overhead
 from bench.plots import write_latency_plots
 from bench.procstat import cpu_seconds, process_tree, rss_mb
 from bench.records import LoadResult, RequestRecord
@@ -44,6 +44,19 @@ def test_added_latency_is_proxy_minus_direct_at_the_top_concurrency() -> None:
     assert out["hedgerow_cpu_ms_per_request"] == pytest.approx(1.818, abs=0.001)
     assert out["nginx_cpu_ms_per_request"] == pytest.approx(0.182, abs=0.001)
     assert out["client_http"] == "1.1" and out["streams"] == 100
+
+
+def test_long_answers_give_cpu_per_relayed_token_next_to_nginx() -> None:
+    short = {1: level([5.0] * 10, [6.0] * 10, [5.5] * 10, (0.02, 0.01))}  # 2 and 1 ms a request
+    long = {1: level([5.0] * 10, [6.0] * 10, [5.5] * 10, (0.12, 0.03))}  # 12 and 3 ms
+    plan = OverheadPlan(rounds=1, levels=((1, 10),), long_levels=((1, 10),), max_tokens=8,
+                        long_tokens=258)
+    row = summarize_long(short, long, plan)["side_by_side"]["1"]
+    # (12 - 2) ms over 250 more tokens: 40 us a token; nginx (3 - 1) / 250: 8 us.
+    assert row["hedgerow_cpu_us_per_token"] == 40.0 and row["nginx_cpu_us_per_token"] == 8.0
+    assert row["cpu_per_token_vs_nginx"] == 5.0 and row["cpu_per_request_vs_nginx"] == 2.0
+    assert row["hedgerow_added_p50_ms"] == 1.0 and row["nginx_added_p50_ms"] == 0.5
+    assert plan.top_concurrency == 1
 
 
 def test_failed_requests_are_counted_not_timed() -> None:

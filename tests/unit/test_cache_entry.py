@@ -11,6 +11,7 @@ from gateway.cache.entry import (
     EntryDecodeError,
     entry_from_response,
     json_replay,
+    replay_events,
     sse_replay,
     text_pieces,
 )
@@ -155,3 +156,28 @@ def test_an_unfinished_stream_builds_nothing() -> None:
     for data in replayed(ENTRY)[:3]:
         builder.feed(orjson.loads(data))
     assert builder.build() is None
+
+
+@pytest.mark.parametrize("which", ["text", "chat", "tool call", "logprobs", "completion"])
+def test_replay_events_carry_the_kinds_the_relay_gives_the_same_events(which: str) -> None:
+    # A hit goes into a stream log without being parsed back (gateway.cached_answers):
+    # its events and kinds must be those of parsing the SSE and classifying it, as
+    # a live worker's are (gateway.corridor.generation.classify).
+    from gateway.corridor.generation import classify
+    from gateway.corridor.relay import RelayOutcome
+
+    logprob_body = oa.chat_completion("r", "m", 1, "Hello", "stop", oa.usage(1, 2))
+    logprob_body["choices"][0]["logprobs"] = {"content": [
+        {"token": t, "logprob": -0.5, "bytes": list(t.encode()), "top_logprobs": []}
+        for t in ("Hel", "lo")], "refusal": None}
+    entries = {"text": ENTRY, "chat": ENTRY,
+               "tool call": entry_from_response(tool_call_body()),
+               "logprobs": entry_from_response(logprob_body),
+               "completion": CacheEntry(TEXT, "length", 3, 4, "m", 1, chat=False)}
+    entry = entries[which]
+    assert entry is not None
+    parser, seen = SseParser(), RelayOutcome()
+    parsed = [(classify(event, seen), event.raw) for chunk in
+              sse_replay(entry, "r", created=1, include_usage=True) for event in parser.feed(chunk)]
+    assert list(replay_events(entry, "r", created=1, include_usage=True)) == parsed
+    assert sum(kind == "token" for kind, _ in parsed) >= 1

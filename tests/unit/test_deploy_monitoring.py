@@ -1,10 +1,13 @@
-"""The Prometheus rules and the Grafana dashboard in deploy/ work as shipped:
-promtool accepts the rules and their unit tests pass, every dashboard query is
-valid PromQL, and every metric they name is one a Hedgerow process exports
-(read from the real collectors of the gateway, control plane and worker)."""
+"""The Prometheus rules, scrape configuration and Grafana dashboard in deploy/
+work as shipped: promtool accepts the rules, the configuration and its target
+files, and the rules' unit tests pass; the gateway's targets are all its
+processes' admin ports; every dashboard query is valid PromQL, and every metric
+they name is one a Hedgerow process exports (read from the real collectors of
+the gateway, control plane and worker)."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import shutil
@@ -18,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from control_plane.metrics import ControlPlaneMetrics
 from gateway.admin.metrics import GatewayMetrics
 from hedgerow.latest import LatestValue
+from tests.support.deploy_recipes import arg, unit_command
 from hedgerow.wire import RegistrySnapshot
 from workers.backend import BackendLoad
 from workers.metrics import WorkerMetrics
@@ -26,6 +30,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES = DEPLOY / "prometheus" / "alerts.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "alerts_test.yml"
 DASHBOARD = DEPLOY / "grafana" / "hedgerow.json"
+SCRAPE_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 # Hedgerow's own names and the OpenTelemetry GenAI ones; recording rules use colons.
 METRIC = re.compile(r"\b(?:hedgerow|gen_ai)_[a-z0-9_]+\b")
 RECORDED = re.compile(r"\bhedgerow:[a-z0-9_:]+\b")
@@ -138,3 +143,44 @@ def test_rules_and_dashboard_name_only_metrics_hedgerow_exports() -> None:
         assert not named - exported, f"{source} names unexported {sorted(named - exported)}"
         recorded = {name for expr in exprs for name in RECORDED.findall(expr)}
         assert not recorded - recorded_names(), f"{source}: {sorted(recorded - recorded_names())}"
+
+
+def scrape_job(name: str) -> dict[str, Any]:
+    config = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    job: dict[str, Any] = next(j for j in config["scrape_configs"] if j["job_name"] == name)
+    return job
+
+
+def test_promtool_accepts_the_scrape_config_and_its_target_files(tmp_path: Path) -> None:
+    # The files the scrape presents are the operator's; promtool wants them to exist.
+    copy = tmp_path / "prometheus"
+    shutil.copytree(SCRAPE_CONFIG.parent, copy)
+    job = scrape_job("hedgerow-gateway")
+    secrets = [job["authorization"]["credentials_file"],
+               *(job["tls_config"][k] for k in ("ca_file", "cert_file", "key_file"))]
+    for secret in secrets:
+        (copy / secret).parent.mkdir(parents=True, exist_ok=True)
+        (copy / secret).touch()
+    checked = promtool("check", "config", SCRAPE_CONFIG.name, cwd=copy)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 1 rule files found" in checked.stdout
+
+
+def test_the_gateway_job_scrapes_every_process_of_the_systemd_gateway() -> None:
+    """Process i of the unit's gateway serves /metrics on --admin-port + i: the
+    example host's targets are exactly the ports of its processes, from the first."""
+    argv, _ = unit_command("hedgerow-gateway.service")
+    first = int(arg(argv, "--admin-port")[0])
+    (sd,) = scrape_job("hedgerow-gateway")["file_sd_configs"]
+    (pattern,) = sd["files"]
+    files = [p for p in SCRAPE_CONFIG.parent.rglob("*.yml")
+             if fnmatch.fnmatch(str(p.relative_to(SCRAPE_CONFIG.parent)), pattern)]
+    assert files, f"no example target file matches {pattern}"
+    for path in files:
+        for group in yaml.safe_load(path.read_text()):
+            hosts = {t.rpartition(":")[0] for t in group["targets"]}
+            ports = [int(t.rpartition(":")[2]) for t in group["targets"]]
+            assert len(hosts) == 1 and group["labels"]["pop"], path.name
+            assert ports == list(range(first, first + len(ports))), path.name
+    # The recipe in the comment writes the same ports.
+    assert f"$(({first} + i))" in SCRAPE_CONFIG.read_text()

@@ -108,6 +108,21 @@ def test_workers_are_labelled_with_a_declared_pop_and_drain_before_sigkill() -> 
         assert pod_spec(doc)["terminationGracePeriodSeconds"] > drain
 
 
+def test_each_gateway_process_has_its_admin_port_declared() -> None:
+    """``--processes`` defaults to the pod's CPU limit and process i serves
+    /metrics on --admin-port + i: the count must be explicit, and every admin
+    port declared (Prometheus' pod discovery scrapes declared ports), or
+    metrics undercount by the processes no one scrapes."""
+    for doc, container in hedgerow_containers("gateway"):
+        name = doc["metadata"]["name"]
+        (processes,) = arg(container["args"], "--processes") or [None]
+        assert processes is not None, f"{name}: --processes left to the CPU limit"
+        first = int(arg(container["args"], "--admin-port")[0])
+        declared = {p["containerPort"] for p in container["ports"]
+                    if p["name"].startswith("admin")}
+        assert declared == set(range(first, first + int(processes))), name
+
+
 def test_probes_reach_a_listener_that_answers_without_a_client_certificate() -> None:
     """The kubelet presents no client certificate: a probe of a mutual-TLS
     listener would fail its handshake for ever and the pod never be ready."""

@@ -28,6 +28,7 @@ UNITS = unit_names()
 SECRET_FLAGS = ("--join-token-file", "--admin-token-file", "--keyfile", "--tls-key", "--ca-key")
 # Exposure score of `systemd-analyze security` (0 best, 10 worst; under 2: "OK").
 MAX_EXPOSURE = 2.0
+MAX_PROCESSES = 256  # hedgerow gateway --processes
 
 
 def test_units_use_only_flags_the_cli_has() -> None:
@@ -44,6 +45,29 @@ def test_units_use_only_flags_the_cli_has() -> None:
         except AssertionError as error:
             raise AssertionError(f"{unit}: {error}") from error
     assert commands == {"gateway", "worker", "control-plane"}
+
+
+def unit_ports(unit: str) -> set[int]:
+    """The ports a unit listens on: its numeric port flags, and the example
+    value of a port its env file sets (the worker's)."""
+    argv, _ = unit_command(unit)
+    ports = {int(v) for flag in ("--port", "--join-port", "--admin-port")
+             for v in arg(argv, flag) if v.isdigit()}
+    ports |= {int(p) for p in re.findall(r"HEDGEROW_\w*PORT=(\d+)", unit_text(unit))}
+    return ports
+
+
+def test_the_gateways_admin_ports_clear_every_other_port_whatever_the_core_count() -> None:
+    """The gateway unit runs one process per core, process i with its admin
+    listener on --admin-port + i: up to 256 of them must not reach a port of
+    the control plane or a worker on the same host, nor the gateway's own."""
+    argv, _ = unit_command("hedgerow-gateway.service")
+    first = int(arg(argv, "--admin-port")[0])
+    assert not arg(argv, "--processes"), "the unit keeps every core (the default)"
+    admin = set(range(first, first + MAX_PROCESSES))
+    others = {p for unit in UNITS for p in unit_ports(unit)} - {first}
+    assert 8500 in others and 8600 in others  # the control plane's and a worker's were read
+    assert not admin & others, sorted(admin & others)
 
 
 @pytest.mark.parametrize("unit", UNITS)

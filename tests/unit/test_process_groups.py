@@ -235,3 +235,21 @@ def test_processes_option_from_the_command_line_and_the_environment(
         ["gateway"]).processes == 3
     assert main(["gateway", "--processes", "0", "--insecure-internal"]) == 1
     assert "--processes must be 1 to 256" in capsys.readouterr().err
+
+
+def test_the_admin_ports_of_all_processes_must_be_ports_clear_of_the_public_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from hedgerow.cli import main
+
+    # Process 3 of 4 would take 8443, the public port every process binds.
+    assert main(["gateway", "--processes", "4", "--port", "8443", "--admin-port", "8440",
+                 "--insecure-internal"]) == 1
+    err = capsys.readouterr().err
+    assert "--port 8443 is in the admin ports of --processes 4" in err
+    assert "8440..8443" in err
+    assert main(["gateway", "--processes", "2", "--port", "8443", "--admin-port", "65535",
+                 "--insecure-internal"]) == 1
+    assert "needs ports up to 65536" in capsys.readouterr().err
+    assert main(["gateway", "--processes", "1", "--port", "8443", "--admin-port", "8443",
+                 "--insecure-internal"]) == 1
+    assert "--port 8443 is in the admin ports" in capsys.readouterr().err

@@ -61,3 +61,37 @@ def test_finished_streams_are_evicted_first_when_over_count_or_bytes() -> None:
     assert book.find("running", "t", now=0.3) is running
     with pytest.raises(StreamGone):
         book.find("done", "t", now=0.3)
+
+
+@pytest.mark.anyio
+async def test_the_generation_stops_a_grace_after_its_last_reader_leaves_not_before() -> None:
+    import anyio
+
+    log = StreamLog("r", "t", 1 << 20)
+    generating = anyio.CancelScope()
+    with log.reading():
+        log.stop_when_abandoned(generating, grace_s=0.2)
+        log.open("w", hedged=False)
+        assert generating.deadline == float("inf")  # read: runs on
+    left = anyio.current_time()
+    assert left <= generating.deadline <= left + 0.2  # nobody reads: the grace runs
+    with log.reading():  # a client came back (Last-Event-ID): the grace is off again
+        assert generating.deadline == float("inf")
+    with generating:
+        await anyio.sleep(5)
+    assert generating.cancelled_caught and anyio.current_time() - left < 1.0
+
+
+@pytest.mark.anyio
+async def test_a_generation_nobody_reads_before_its_first_token_stops_at_once() -> None:
+    import anyio
+
+    log, generating = StreamLog("r", "t", 1 << 20), anyio.CancelScope()
+    with log.reading():
+        log.stop_when_abandoned(generating, grace_s=30)
+    assert generating.cancel_called  # its client never learnt its id
+    other, scope = StreamLog("s", "t", 1 << 20), anyio.CancelScope()
+    with other.reading():
+        other.stop_when_abandoned(scope, grace_s=30)
+        other.cancel("stopped by the client")
+        assert scope.cancel_called

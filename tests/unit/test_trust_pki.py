@@ -65,7 +65,18 @@ def test_an_issued_certificate_speaks_for_exactly_its_identity(ca: ClusterCA) ->
     assert san.get_values_for_type(x509.DNSName) == []  # never passes a hostname check
     assert cert.not_valid_after_utc == NOW + HOUR
     assert cert.issuer == ca.cert.subject
-    assert renew_at(cert) == cert.not_valid_before_utc + (HOUR + datetime.timedelta(minutes=1)) * 2 / 3
+    assert renew_at(cert) == NOW + HOUR * 2 / 3  # two thirds of its life after issuance
+
+
+def test_a_short_lived_certificate_is_renewed_after_it_was_issued_not_before(ca: ClusterCA) -> None:
+    # not_valid_before is backdated a minute for clock skew; counting the life
+    # from there made anything under ~30 s due before issuance: renewed in a loop.
+    key = ec.generate_private_key(ec.SECP256R1())
+    life = datetime.timedelta(seconds=6)
+    cert = ca.issue_for_csr(make_csr(key, Identity("worker", "w")), Identity("worker", "w"),
+                            lifetime=life, now=NOW)
+    assert cert.not_valid_before_utc < NOW
+    assert renew_at(cert) == NOW + datetime.timedelta(seconds=4)
 
 
 def test_a_certificate_request_that_does_not_verify_is_refused() -> None:

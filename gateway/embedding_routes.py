@@ -1,0 +1,108 @@
+"""``/v1/embeddings``: admitted like a completion, answered by the cache's embedder
+or forwarded to a worker or upstream that offers the model (``gateway.corridor.embed_route``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.corridor import embed_route
+from gateway.app_state import AppState
+from gateway.admin.metrics import RequestMetrics
+from gateway.request_terms import end_cut_request, require_json
+from gateway.admin.usage_metrics import policy_prices
+from hedgerow import embeddings_api, openai_api as oa
+from hedgerow.asgi import Request, send_json
+from hedgerow.errors import GatewayDraining, ModelNotFound
+from policies.keys import check_model_allowed
+from policies.schema import Policy
+from policies.tenancy import Identity
+
+
+class EmbeddingRoutes(AppState):
+    """``/v1/embeddings``."""
+
+    async def embeddings(self, request: Request) -> None:
+        observed = self.metrics.request(time.monotonic())
+        observed.operation = "embeddings"
+        try:
+            await self._embed(request, observed)
+        except BaseException as error:
+            observed.failed(error)
+            raise
+        finally:
+            observed.finished(time.monotonic())
+            self.access_log.write(observed, request.scope)
+
+    async def _embed(self, request: Request, observed: RequestMetrics) -> None:
+        """Admitted like a completion (tenant, body limits, requests/s), then
+        answered by the cache's embedder (``gateway.corridor.embeddings``)."""
+        if self.drain.draining:
+            raise GatewayDraining("this gateway is shutting down; retry", retry_after=1)
+        policy = self.policy
+        identity = self.keys.identify(policy, request.header("authorization"))
+        observed.identified(identity.tenant, identity.priority_class, policy_prices(policy))
+        require_json(request)
+        body = await request.body(policy.limits.max_body_bytes,
+                                  deadline_s=policy.timeouts.body_ms / 1000,
+                                  budget=self.body_budget)
+        request_json = oa.decode_request(body)
+        parsed = embeddings_api.parse(request_json)
+        model = self.embedding
+        if parsed.model not in embeddings_api.MODEL_ALIASES:
+            await self._embed_elsewhere(request, observed, identity, policy, request_json)
+            return
+        if model is None:
+            raise ModelNotFound(f"the embedding model {parsed.model!r} does not exist",
+                                param="model")
+        observed.labelled(embeddings_api.MODEL, identity.priority_class)
+        check_model_allowed(identity.key, embeddings_api.MODEL)
+        texts = parsed.texts()
+        counts = await model.token_counts(texts)
+        embeddings_api.check_token_counts(counts)
+        refusal = await self.scheduler.charge_request(identity.tenant, policy)
+        if refusal is not None:
+            raise refusal.to_error()
+        with self.drain.track() as in_flight:
+            request.send = in_flight.watch(request.send)
+            vectors = await model.embed(texts)
+            answer = embeddings_api.response_body(vectors, parsed.encoding_format, sum(counts))
+            observed.responded(200)
+            await send_json(request.send, 200, answer, [
+                (b"x-request-id", request.scope["hedgerow.request_id"].encode())])
+            return
+        await end_cut_request(request, in_flight)
+
+    async def _embed_elsewhere(self, request: Request, observed: RequestMetrics,
+                               identity: Identity, policy: Policy,
+                               request_json: dict[str, Any]) -> None:
+        """A model a worker or upstream offers for embeddings (``gateway.corridor.embed_route``):
+        the same admission, then forwarded, retried on another if one fails."""
+        requested = str(request_json["model"])
+        model = policy.canonical_model(requested)
+        workers = embed_route.candidates(self.directory.value, model)
+        if not workers:
+            raise ModelNotFound(f"the embedding model {requested!r} does not exist",
+                                param="model")
+        observed.labelled(model, identity.priority_class)
+        check_model_allowed(identity.key, model)
+        refusal = await self.scheduler.charge_request(identity.tenant, policy)
+        if refusal is not None:
+            raise refusal.to_error()
+        request_id = request.scope["hedgerow.request_id"]
+        tries = workers[:1 + policy.retries.before_first_token]
+        with self.drain.track() as in_flight:
+            request.send = in_flight.watch(request.send)
+            answer = await embed_route.forward(
+                self.dispatcher.workers, tries,
+                embed_route.upstream_call(request_id, request_json, model), requested,
+                policy.timeouts.ttft_ms / 1000)
+            observed.served_by(answer.worker_id, False)
+            observed.used(answer.prompt_tokens, 0)
+            observed.responded(200)
+            await send_json(request.send, 200, answer.body, [
+                (b"x-request-id", request_id.encode()),
+                (b"x-hedgerow-worker", answer.worker_id.encode())])
+            return
+        await end_cut_request(request, in_flight)
