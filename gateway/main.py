@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from hedgerow.admin_token import admin_bind_host
 from gateway.admin.api import GatewayAdmin
 from gateway.app import GatewayApp
 from gateway.cache import ResponseCache
+from gateway.cache.shared_embedder import SocketEmbedder
 from gateway.edge.cert_reload import DEFAULT_POLL_S, CertificateReloader
 from hedgerow.connection_cap import DEFAULT_MAX_CONNECTIONS, ConnectionCap, fit_file_limit
 from gateway.edge.cors import CorsMiddleware
@@ -66,6 +68,10 @@ class ProcessSlot:
     index: int
     count: int
     listeners: Listeners
+    # The supervisor's embedding sidecar, shared by every process (None: run one's own),
+    # and how to ask the supervisor to start it.
+    embed_socket: Path | None = None
+    want_embedder: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -152,8 +158,11 @@ async def run_gateway(
     origin = options.gateway_id or f"gw-{options.port}"
     if options.process is not None:  # semantic cache ids are unique per process
         origin = f"{origin}/p{options.process.index}"
+    process = options.process
+    embedder = (SocketEmbedder(process.embed_socket, on_start=process.want_embedder)
+                if process is not None and process.embed_socket is not None else None)
     cache = ResponseCache(policy, options.redis_url, redis_tls=options.redis_tls,
-                          origin=origin)
+                          origin=origin, embedder=embedder)
     try:
         if cache.redis is not None and options.redis_url is not None:
             # A wrong CA, password or ACL stops the start here; an unreachable

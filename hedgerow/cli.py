@@ -817,8 +817,11 @@ def _supervise_gateways(args: argparse.Namespace, options: GatewayOptions,
         logging.getLogger("hedgerow.gateway").warning(
             "%d gateway processes without --redis: each applies tenants' limits and keeps "
             "a response cache of its own", processes)
+    from gateway.cache.shared_embedder import SharedSidecar
+
+    # One embedding sidecar for all the processes, started when one of them wants it.
     supervisor = Supervisor(getattr(args, "argv", sys.argv[1:]), groups, processes,
-                            drain_timeout_s=options.drain_timeout_s)
+                            drain_timeout_s=options.drain_timeout_s, sidecar=SharedSidecar())
     return supervisor.run()
 
 
@@ -835,7 +838,9 @@ def _run_gateway_child(options: GatewayOptions, child: ChildSlot) -> int:
     install_cid_steering(child.index, child.count)
     options = dataclasses.replace(
         options, port=child.port,
-        process=ProcessSlot(child.index, child.count, Listeners(child.port, tcp, udp)))
+        process=ProcessSlot(child.index, child.count, Listeners(child.port, tcp, udp),
+                            embed_socket=Path(child.embed_socket) if child.embed_socket else None,
+                            want_embedder=child.want_embedder))
 
     async def body(shutdown: anyio.Event) -> None:
         async with anyio.create_task_group() as tg:

@@ -98,8 +98,11 @@ class SidecarEmbedder:
     def __init__(self, *, threads: int = 1, max_pending: int = MAX_PENDING,
                  start_timeout_s: float = START_TIMEOUT_S,
                  restart_policy: RestartPolicy = RESTARTS,
-                 server: Sequence[str] = SERVER) -> None:
+                 server: Sequence[str] = SERVER, socket_path: Path | None = None) -> None:
         self.threads = threads
+        # None: a socket in a private temporary directory; given (``--processes N``'s
+        # supervisor, in a 0700 directory of its own): other processes connect there too.
+        self.socket_path = socket_path
         self.server = tuple(server)  # the child's arguments to python (tests run a twin)
         self.max_pending = max_pending
         self.start_timeout_s = start_timeout_s
@@ -146,7 +149,7 @@ class SidecarEmbedder:
         tracker = RestartTracker(self.restart_policy)
         announce = _Once(task_status.started)
         with tempfile.TemporaryDirectory(prefix="hedgerow-embed-") as directory:
-            socket_path = Path(directory) / "embed.sock"
+            socket_path = self.socket_path or Path(directory) / "embed.sock"
             while True:
                 started_at = time.monotonic()
                 try:
@@ -202,7 +205,9 @@ class SidecarEmbedder:
             raise _ChildLost(f"(pid {process.pid}) exited with status {code} while loading")
         raise _ChildLost(f"(pid {process.pid}) was not ready within {self.start_timeout_s:.0f}s")
 
-    async def _serve(self, process: Process, stream: SocketStream, announce: _Once) -> None:
+    async def _serve(self, process: Process | None, stream: SocketStream,
+                     announce: _Once) -> None:
+        """Serve every embed over ``stream`` until it breaks (or ``process``, if ours, exits)."""
         send, receive = anyio.create_memory_object_stream[bytes](self.max_pending)
         reason = "stopped"
         async with anyio.create_task_group() as tg:
@@ -218,13 +223,14 @@ class SidecarEmbedder:
                     reason = f"broke its connection: {error!r}"
                 tg.cancel_scope.cancel()
 
-            tg.start_soon(until_lost, "exited", process.wait)
+            if process is not None:
+                tg.start_soon(until_lost, "exited", process.wait)
             tg.start_soon(until_lost, "stopped reading", partial(self._write, stream, receive))
             tg.start_soon(until_lost, "stopped answering", partial(self._read, stream))
             self._outbox = send
             self.ready = True
             announce()
-        raise _ChildLost(f"(pid {process.pid}) {reason}")
+        raise _ChildLost(f"(pid {process.pid}) {reason}" if process else reason)
 
     async def _write(self, stream: SocketStream, outbox: MemoryObjectReceiveStream[bytes]) -> None:
         async with outbox:
@@ -249,13 +255,17 @@ class SidecarEmbedder:
             waiter.error = response.error or waiter.error
             waiter.done.set()
 
-    async def _stop(self, process: Process) -> None:
-        """Fail what waits, then make sure the child is gone and reaped."""
+    def _disconnected(self) -> None:
+        """No more embeds through this connection; fail what waits on it."""
         self.ready = False
         if self._outbox is not None:
             self._outbox.close()
             self._outbox = None
         self._fail_pending("embedding sidecar lost")
+
+    async def _stop(self, process: Process) -> None:
+        """Fail what waits, then make sure the child is gone and reaped."""
+        self._disconnected()
         with anyio.CancelScope(shield=True):
             if process.stdin is not None:
                 await process.stdin.aclose()  # EOF: the child exits by itself at once

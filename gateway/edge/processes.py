@@ -30,7 +30,9 @@ certificate is the same in every child). Each child gets
 ``PR_SET_PDEATHSIG``: it does not outlive a parent that was killed.
 
 Processes share nothing in memory: what must be shared (tenants' limits,
-the response cache, budgets) goes through Redis, as between gateways.
+the response cache, budgets) goes through Redis, as between gateways. They
+do share one embedding sidecar, the parent's, started when a child asks for
+it (``gateway.cache.shared_embedder``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.cache.shared_embedder import SharedSidecar
 
 log = logging.getLogger("hedgerow.gateway.processes")
 
@@ -222,11 +228,16 @@ class ChildSlot:
     tcp_fds: tuple[int, ...]
     udp_fds: tuple[int, ...]
     ready_fd: int
+    # The supervisor's shared embedding sidecar: its socket, and the pipe on which
+    # a child asks for it to be started (``gateway.cache.shared_embedder``).
+    embed_socket: str | None = None
+    embed_want_fd: int | None = None
 
     def to_env(self) -> str:
         return json.dumps({"index": self.index, "count": self.count, "port": self.port,
                            "tcp": list(self.tcp_fds), "udp": list(self.udp_fds),
-                           "ready": self.ready_fd})
+                           "ready": self.ready_fd, "embed_socket": self.embed_socket,
+                           "embed_want": self.embed_want_fd})
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ChildSlot | None:
@@ -234,9 +245,21 @@ class ChildSlot:
         if not raw:
             return None
         data = json.loads(raw)
+        want = data.get("embed_want")
         return cls(int(data["index"]), int(data["count"]), int(data["port"]),
                    tuple(int(fd) for fd in data["tcp"]), tuple(int(fd) for fd in data["udp"]),
-                   int(data["ready"]))
+                   int(data["ready"]), data.get("embed_socket"),
+                   None if want is None else int(want))
+
+    def want_embedder(self) -> None:
+        """Ask the supervisor to start the shared embedding sidecar (once is enough)."""
+        if self.embed_want_fd is None:
+            return
+        try:
+            os.set_blocking(self.embed_want_fd, False)
+            os.write(self.embed_want_fd, b"1")
+        except OSError:
+            pass  # full: the supervisor has been asked already; closed: it is going away
 
     def sockets(self) -> tuple[tuple[socket.socket, ...], tuple[socket.socket, ...]]:
         """The inherited sockets, non-blocking, for ``gateway.edge.transport.Listeners``."""
@@ -291,8 +314,10 @@ class Supervisor:
 
     def __init__(self, argv: Sequence[str], groups: Groups, count: int, *,
                  drain_timeout_s: float,
-                 command: Callable[[Sequence[str]], list[str]] = child_command) -> None:
+                 command: Callable[[Sequence[str]], list[str]] = child_command,
+                 sidecar: SharedSidecar | None = None) -> None:
         self.argv = list(argv)
+        self.sidecar = sidecar
         self.command = command
         self.groups = groups
         self.count = count
@@ -304,10 +329,13 @@ class Supervisor:
     def start(self, child: _Child) -> None:
         tcp, udp = self.groups.for_child(child.index)
         read, write = os.pipe()
+        sidecar = self.sidecar
         slot = ChildSlot(child.index, self.count, self.groups.port,
-                         tuple(s.fileno() for s in tcp), tuple(s.fileno() for s in udp), write)
+                         tuple(s.fileno() for s in tcp), tuple(s.fileno() for s in udp), write,
+                         str(sidecar.socket_path) if sidecar else None,
+                         sidecar.want_write if sidecar else None)
         env = dict(os.environ, **{CHILD_ENV: slot.to_env()})
-        fds = (*slot.tcp_fds, *slot.udp_fds, write)
+        fds = (*slot.tcp_fds, *slot.udp_fds, write, *([sidecar.want_write] if sidecar else []))
         try:
             child.process = subprocess.Popen(self.command(self.argv), env=env, pass_fds=fds)
         except BaseException:
@@ -338,6 +366,8 @@ class Supervisor:
 
     def step(self, now: float) -> bool:
         """One look at every child; False once all are gone after ``stop``."""
+        if self.sidecar is not None and self.stopping_since is None:
+            self.sidecar.poll()
         for child in self.children:
             self._check_ready(child)
             process = child.process
@@ -413,6 +443,8 @@ class Supervisor:
                 child.process.wait()
             self._close_ready(child)
         self.groups.close()
+        if self.sidecar is not None:
+            self.sidecar.close()
 
     def run(self) -> int:
         """Until every child has exited after SIGTERM/SIGINT (or a failed start)."""

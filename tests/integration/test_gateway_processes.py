@@ -6,8 +6,9 @@ would notice: both processes answer on the one port over TCP and over QUIC; a
 QUIC client that changes its source port mid-stream (connection migration,
 the mobile case) still gets its whole streamed answer; a killed process is
 restarted while the other keeps serving; the worker never runs more than its
-slots however the two processes dispatch. Every QUIC connection here goes
-through a Retry (``--quic-retry always``).
+slots however the two processes dispatch; one embedding sidecar, the
+supervisor's, serves both processes' semantic caches. Every QUIC connection
+here goes through a Retry (``--quic-retry always``).
 """
 
 from __future__ import annotations
@@ -122,6 +123,76 @@ def test_both_processes_serve_tcp_and_quic_on_the_one_port(stack: Stack) -> None
     assert sum(after_quic) - sum(after_tcp) == 16
 
 
+def _cache_stats(stack: Stack, index: int) -> dict[str, Any]:
+    reply = httpx.get(_admin_url(stack, index) + "/admin/cache",
+                      verify=stack.admin_tls(check_hostname=False))
+    assert reply.status_code == 200, reply.text
+    data: dict[str, Any] = reply.json()
+    return data
+
+
+def _ask(stack: Stack, question: str) -> str:
+    """A cacheable question on a fresh TCP connection; its x-hedgerow-cache."""
+    with httpx.Client(base_url=stack.gateway_url, timeout=30,
+                      verify=ssl.create_default_context(cafile=stack.ca_cert)) as client:
+        reply = client.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "user", "content": question}]})
+        assert reply.status_code == 200, reply.text
+        return reply.headers["x-hedgerow-cache"]
+
+
+def _embed_servers_under(root: int) -> dict[int, int]:
+    """Running embedding sidecars in ``root``'s process tree: pid -> parent pid."""
+    parents: dict[int, int] = {}
+    sidecars: set[int] = set()
+    for stat in os.listdir("/proc"):
+        if not stat.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()
+            cmdline = open(f"/proc/{stat}/cmdline", "rb").read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        parents[int(stat)] = int(fields[1])
+        if b"gateway.cache.embed_server" in cmdline and fields[0] != "Z":
+            sidecars.add(int(stat))
+
+    def under(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == root:
+                return True
+        return False
+
+    return {pid: parents[pid] for pid in sidecars if under(pid)}
+
+
+def test_both_processes_share_one_embedding_sidecar_and_get_semantic_hits(
+        stack: Stack) -> None:
+    # The control plane's default policy turns the semantic cache on.
+    wait_for(lambda: all(_cache_stats(stack, i)["semantic_ready"] for i in (0, 1)),
+             "both processes to reach the embedding sidecar", 120)
+    supervisor = next(p for p in stack.procs if p.name == "gateway").popen.pid
+    sidecars = _embed_servers_under(supervisor)
+    assert list(sidecars.values()) == [supervisor], sidecars  # one, the supervisor's own
+    # Each process keeps a cache of its own (no --redis): ask until both stored the
+    # question, then ask a paraphrase until both answered it as a semantic hit.
+    for _ in range(60):
+        if all(_cache_stats(stack, i)["semantic_entries"] >= 1 for i in (0, 1)):
+            break
+        _ask(stack, "How far is 5 km in miles?")
+    else:
+        pytest.fail("the question never reached both processes")
+    for _ in range(60):
+        if all(_cache_stats(stack, i)["semantic"] >= 1 for i in (0, 1)):
+            break
+        assert _ask(stack, "How many miles is 5 km?") == "semantic"
+    else:
+        pytest.fail("the paraphrase never reached both processes")
+    assert _embed_servers_under(supervisor) == sidecars
+
+
 async def _migrating_stream(stack: Stack, tokens: int, moves: int) -> tuple[Any, list[float]]:
     """A streamed request over QUIC whose client moves to a new UDP port (and a
     new connection id) ``moves`` times while the answer streams."""
@@ -198,6 +269,8 @@ def _children(stack: Stack) -> dict[int, int]:
 
 
 def test_a_killed_process_is_restarted_and_the_other_keeps_serving(stack: Stack) -> None:
+    supervisor = next(p for p in stack.procs if p.name == "gateway").popen.pid
+    sidecars = _embed_servers_under(supervisor)
     killed = wait_for(lambda: _children(stack).get(0), "process 0's pid")
     survivor = _children(stack)[1]
     served_by_survivor = _requests(stack, 1)
@@ -216,6 +289,9 @@ def test_a_killed_process_is_restarted_and_the_other_keeps_serving(stack: Stack)
     assert restarted != killed
     for _ in range(6):
         assert _tcp_request(stack).status_code == 200
+    # The new process embeds through the sidecar that was already running.
+    wait_for(lambda: _cache_stats(stack, 0)["semantic_ready"], "process 0's embedder", 30)
+    assert _embed_servers_under(supervisor) == sidecars and len(sidecars) == 1
 
 
 def _pid_alive(pid: int) -> bool:
