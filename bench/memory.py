@@ -4,11 +4,16 @@
 process: with the shipped policy (response cache on, semantic part on) it
 starts an embedding sidecar (``gateway.cache.embed_sidecar``) that holds
 MiniLM. A figure for the gateway process alone is the figure of a gateway
-nobody runs, so each case reports the whole tree beside it. Three cases, one
+nobody runs, so each case reports the whole tree beside it. Four cases, one
 after the other, each on a fresh control plane, simulated worker and gateway:
 
 - ``default``: ``policies/default.yaml`` as shipped (the sidecar runs; the
-  gateway is measured after its model is loaded, ``semantic_ready``);
+  gateway is measured after its model is loaded, ``semantic_ready``), as
+  ``hedgerow gateway --processes 1``;
+- ``default_all_cores``: the same as a plain ``hedgerow gateway`` runs on
+  this host: ``--processes`` = the cores it may use (a supervisor, N gateway
+  processes and the one sidecar they share; ``gateway_rss_mb`` is then the
+  supervisor alone);
 - ``semantic_off``: the same with ``cache.semantic.enabled: false``;
 - ``cache_off``: the same with ``cache.enabled: false``.
 
@@ -27,6 +32,7 @@ for the default case) on one HTTPS connection, then the tree is read:
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 import time
 from pathlib import Path
@@ -38,6 +44,7 @@ import yaml
 
 from bench.procstat import PROC, process_tree, rss_mb
 from bench.stack import Stack, free_port, wait_for
+from gateway.edge.processes import default_processes
 
 log = logging.getLogger("hedgerow.bench")
 
@@ -46,8 +53,10 @@ DEFAULT_POLICY = Path(__file__).resolve().parents[1] / "policies" / "default.yam
 SEMANTIC_READY_TIMEOUT_S = 180.0
 SIM = ["--backend", "sim", "--sim-prefill-ms-per-token", "0.1",
        "--sim-decode-ms-per-token", "1", "--sim-output-tokens", "16"]
+ALL_CORES = {"default_all_cores"}
 CASES: dict[str, dict[str, Any]] = {
     "default": {},
+    "default_all_cores": {},
     "semantic_off": {"semantic": {"enabled": False}},
     "cache_off": {"enabled": False},
 }
@@ -89,6 +98,27 @@ def _ask(http: httpx.Client, question: str) -> None:
         raise RuntimeError(f"{reply.status_code}: {reply.text[:200]}")
 
 
+def _free_port_run(count: int) -> int:
+    """A first port with the ``count - 1`` after it free too (admin ports of N processes)."""
+    for _ in range(50):
+        first = free_port()
+        if first + count - 1 > 65535:
+            continue
+        probes = []
+        try:
+            for port in range(first, first + count):
+                probe = socket.socket()
+                probes.append(probe)
+                probe.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
 def measure_case(name: str, workdir: Path, requests: int) -> dict[str, Any]:
     root = workdir / name
     root.mkdir(parents=True, exist_ok=True)
@@ -98,12 +128,17 @@ def measure_case(name: str, workdir: Path, requests: int) -> dict[str, Any]:
     try:
         stack.start_control_plane()
         stack.start_worker("sim-1", *SIM)
-        admin_port = free_port()
-        gateway = stack.start_gateway("--policy", str(policy), "--admin-port", str(admin_port))
+        # One process, as ``hedgerow gateway --processes 1``; the all-cores case
+        # as a plain ``hedgerow gateway`` runs on this host (a supervisor, N
+        # processes and the one sidecar they share; admin ports admin_port + i).
+        processes = default_processes() if name in ALL_CORES else 1
+        admin_port = free_port() if processes == 1 else _free_port_run(processes)
+        gateway = stack.start_gateway("--policy", str(policy), "--admin-port", str(admin_port),
+                                      "--processes", str(processes))
         admin = httpx.Client(base_url=f"https://127.0.0.1:{admin_port}", timeout=5,
                              verify=stack.admin_tls(check_hostname=False))
         started = time.monotonic()
-        if name == "default":
+        if name in ("default", "default_all_cores"):
             wait_for(lambda: admin.get("/admin/cache").json()["semantic_ready"],
                      "the gateway's embedding model", SEMANTIC_READY_TIMEOUT_S)
         ready_s = time.monotonic() - started
@@ -114,7 +149,8 @@ def measure_case(name: str, workdir: Path, requests: int) -> dict[str, Any]:
         stats = admin.get("/admin/cache").json()
         admin.close()
         time.sleep(1.0)  # let the last stores settle before reading the tree
-        return {**tree_memory(gateway.popen.pid), "requests": requests,
+        return {**tree_memory(gateway.popen.pid), "gateway_processes": processes,
+                "requests": requests,
                 "semantic_ready_wait_s": round(ready_s, 1),
                 "cache_stored": stats.get("stored"), "semantic_entries": stats.get("semantic_entries")}
     finally:
