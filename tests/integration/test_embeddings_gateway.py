@@ -137,6 +137,36 @@ async def test_an_embedder_that_is_not_running_is_a_503_to_retry() -> None:
     assert client.json()["error"]["code"] == "embeddings_unavailable"
 
 
+async def test_embeddings_spend_the_keys_budget_and_a_spent_one_is_refused_as_on_chat() -> None:
+    # Each request is 7 tokens ([CLS] a cat [SEP] + [CLS] dog [SEP]): two fit in 14, not three.
+    text, entry = virtual_key("key_00000000000000b1", budgets=[{"period": "day", "tokens": 14}])
+    other, unlimited = virtual_key("key_00000000000000b2")
+    embedder = LengthEmbedder()
+    async with gateway(embedder, keys=[entry, unlimited]) as gw:
+        served = [await embed(gw, bearer(text)) for _ in range(2)]
+        refused = await embed(gw, bearer(text))
+        metrics = (await gw.app.render_metrics()).decode()
+        embedded = len(embedder.texts)
+        elsewhere = await embed(gw, bearer(other))  # the tenant's other key has no budget
+    assert [c.status for c in served] == [200, 200]
+    assert [c.json()["usage"]["prompt_tokens"] for c in served] == [7, 7]
+    assert refused.status == 429 and int(refused.header("retry-after") or 0) >= 1
+    error = refused.json()["error"]
+    assert error["code"] == "budget_exceeded"
+    assert "14 tokens per day; 14 tokens used" in error["message"], error["message"]
+    assert embedded == 4  # the refused request embedded nothing
+    assert elsewhere.status == 200
+    assert ('hedgerow_tenant_tokens_total{model="all-minilm-l6-v2",tenant="u",type="prompt"}'
+            ' 14.0') in metrics, metrics
+
+
+async def test_a_key_that_may_not_use_the_embedding_model_is_403() -> None:
+    text, entry = virtual_key("key_00000000000000b3", models=[MODEL])
+    async with gateway(LengthEmbedder(), keys=[entry]) as gw:
+        refused = await embed(gw, bearer(text))
+    assert refused.status == 403 and refused.json()["error"]["code"] == "model_not_allowed"
+
+
 async def get(gw: Gateway, path: str, headers: list[tuple[bytes, bytes]] | None = None
               ) -> Client:
     client = gw.start(Client("GET", path, headers=headers or []))
