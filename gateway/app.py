@@ -33,7 +33,7 @@ from typing import Any
 from gateway.admin.access_log import AccessLog
 from gateway.cache import ResponseCache
 from gateway.completions import CompletionRoutes
-from gateway.corridor.dialects import anthropic_errors
+from gateway.corridor.dialects import ANTHROPIC_MESSAGES, anthropic_errors
 from gateway.corridor.dispatch import Dispatcher
 from gateway.corridor.drain import Drain
 from gateway.embedding_routes import EmbeddingRoutes
@@ -48,7 +48,7 @@ from gateway.corridor.stream_log import StreamBook
 from hedgerow import embeddings_api
 from hedgerow.asgi import Handler, Receive, Request, Router, Scope, Send, send_json, send_text
 from hedgerow.body_budget import BodyBudget
-from hedgerow.errors import PolicyUnavailable
+from hedgerow.errors import ModelNotFound, PolicyUnavailable
 from hedgerow.latest import LatestValue
 from hedgerow.logs import request_id_var
 from hedgerow.wire import RegistrySnapshot
@@ -94,6 +94,7 @@ class GatewayApp(CompletionRoutes, EmbeddingRoutes):
         self.router.add("GET", "/readyz", self.readyz)
         client_api = self._needs_policy
         self.router.add("GET", "/v1/models", client_api(self.models))
+        self.router.add("GET", "/v1/models/{model}", client_api(self.model))
         self.router.add("POST", "/v1/chat/completions", client_api(self.chat))
         self.router.add("POST", "/v1/completions", client_api(self.completions))
         self.router.add("POST", "/v1/messages", anthropic_errors(client_api(self.messages)))
@@ -163,6 +164,22 @@ class GatewayApp(CompletionRoutes, EmbeddingRoutes):
         return client_api
 
     async def models(self, request: Request) -> None:
+        await send_json(request.send, 200, {"object": "list", "data": self._listed(request)})
+
+    async def model(self, request: Request) -> None:
+        """``GET /v1/models/{model}``: one entry of the list; a model the list does
+        not show (unknown, or outside the presented key's allowlist) is a 404."""
+        name = request.path_params["model"]
+        found = next((m for m in self._listed(request) if m["id"] == name), None)
+        if found is None:
+            raise ModelNotFound(f"the model {name!r} does not exist", param="model")
+        await send_json(request.send, 200, found)
+
+    def _listed(self, request: Request) -> list[dict[str, Any]]:
+        """The models the request's key may use: all of them without a key (the
+        chat page lists before any key is typed) or with one that allows every
+        model; a virtual key with a model allowlist sees only those. A key that
+        is presented must be valid (401 otherwise), like on every other route."""
         data: list[dict[str, Any]] = [
             {"id": name, "object": "model", "created": 0, "owned_by": "hedgerow"}
             for name in self._models()]
@@ -171,7 +188,14 @@ class GatewayApp(CompletionRoutes, EmbeddingRoutes):
         embedding += [m for m in self.directory.value.embedding_models() if m not in embedding]
         data += [{"id": name, "object": "model", "created": 0, "owned_by": "hedgerow",
                   "kind": "embedding"} for name in embedding]
-        await send_json(request.send, 200, {"object": "list", "data": data})
+        # Anthropic's SDKs send ``x-api-key``, OpenAI's ``Authorization``: either names the key.
+        credential = ANTHROPIC_MESSAGES.credential(request)
+        if credential is None or not credential.strip():
+            return data
+        key = self.keys.identify(self.policy, credential).key
+        if key is None or not key.models:
+            return data
+        return [entry for entry in data if entry["id"] in key.models]
 
     def _models(self) -> tuple[str, ...]:
         declared = {m.name for m in self.policy.models}

@@ -1,5 +1,11 @@
 """``/v1/embeddings``: admitted like a completion, answered by the cache's embedder
 or forwarded to a worker or upstream that offers the model (``gateway.corridor.embed_route``).
+
+Charged like a completion too (``gateway.corridor.key_gate``): before the work,
+the input tokens are reserved on every tenant and key budget (and the key's
+tokens/min), the model's input price pricing them; when the request ends, the
+reservation is replaced by the ``usage.prompt_tokens`` of the answer (nothing
+when it failed). A spent budget is a 429 ``budget_exceeded`` as on chat.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ class EmbeddingRoutes(AppState):
             observed.failed(error)
             raise
         finally:
+            await self.keys.settle(request.scope["hedgerow.request_id"], observed.usage)
             observed.finished(time.monotonic())
             self.access_log.write(observed, request.scope)
 
@@ -51,7 +58,8 @@ class EmbeddingRoutes(AppState):
         parsed = embeddings_api.parse(request_json)
         model = self.embedding
         if parsed.model not in embeddings_api.MODEL_ALIASES:
-            await self._embed_elsewhere(request, observed, identity, policy, request_json)
+            await self._embed_elsewhere(request, observed, identity, policy, request_json,
+                                        parsed)
             return
         if model is None:
             raise ModelNotFound(f"the embedding model {parsed.model!r} does not exist",
@@ -61,6 +69,8 @@ class EmbeddingRoutes(AppState):
         texts = parsed.texts()
         counts = await model.token_counts(texts)
         embeddings_api.check_token_counts(counts)
+        await self.keys.admit(request.scope["hedgerow.request_id"], identity, policy,
+                              embeddings_api.MODEL, sum(counts), 0)
         refusal = await self.scheduler.charge_request(identity.tenant, policy)
         if refusal is not None:
             raise refusal.to_error()
@@ -68,6 +78,7 @@ class EmbeddingRoutes(AppState):
             request.send = in_flight.watch(request.send)
             vectors = await model.embed(texts)
             answer = embeddings_api.response_body(vectors, parsed.encoding_format, sum(counts))
+            observed.used(sum(counts), 0)
             observed.responded(200)
             await send_json(request.send, 200, answer, [
                 (b"x-request-id", request.scope["hedgerow.request_id"].encode())])
@@ -76,7 +87,8 @@ class EmbeddingRoutes(AppState):
 
     async def _embed_elsewhere(self, request: Request, observed: RequestMetrics,
                                identity: Identity, policy: Policy,
-                               request_json: dict[str, Any]) -> None:
+                               request_json: dict[str, Any],
+                               parsed: embeddings_api.EmbeddingsRequest) -> None:
         """A model a worker or upstream offers for embeddings (``gateway.corridor.embed_route``):
         the same admission, then forwarded, retried on another if one fails."""
         requested = str(request_json["model"])
@@ -87,6 +99,11 @@ class EmbeddingRoutes(AppState):
                                 param="model")
         observed.labelled(model, identity.priority_class)
         check_model_allowed(identity.key, model)
+        # No tokenizer for a model served elsewhere: about four characters a
+        # token reserved now, the answer's own count settled at the end.
+        estimate = sum(max(1, len(text) // 4) for text in parsed.texts())
+        await self.keys.admit(request.scope["hedgerow.request_id"], identity, policy, model,
+                              estimate, 0)
         refusal = await self.scheduler.charge_request(identity.tenant, policy)
         if refusal is not None:
             raise refusal.to_error()

@@ -196,3 +196,41 @@ def test_models_lists_the_upstreams_embedding_model_as_one(stack: Stack) -> None
     for name in (CLIENT_MODEL, SIM_MODEL):
         assert [m.get("kind") for m in listed if m["id"] == name] == ["embedding"]
     assert [m.get("kind") for m in listed if m["id"] == "sim-chat"] == [None]
+
+
+def new_key(stack: Stack, **body: Any) -> str:
+    """A virtual key (``hedgerow key create``), once the gateway runs the version with it."""
+    with stack.admin() as operator:
+        reply = operator.post("/v1/keys", json={"tenant": "t", **body})
+        assert reply.status_code == 201, reply.text
+        version = int(reply.json()["version"])
+        wait_for(lambda: all((g["running_version"] or 0) >= version for g in
+                             operator.get("/v1/status").json()["gateways"]),
+                 "the gateway to run the version with the new key")
+    return str(reply.json()["key"])
+
+
+def test_forwarded_embeddings_spend_a_keys_budget_by_the_answers_usage(stack: Stack) -> None:
+    # About 2 tokens reserved per request (four characters a token), 7 charged once the
+    # upstream says so: the third request would pass 10 tokens, after two answers.
+    key = new_key(stack, budgets=[{"period": "day", "tokens": 10}])
+    with client(stack, key) as sdk:
+        for _ in range(2):
+            assert sdk.embeddings.create(model=CLIENT_MODEL, input=["a cat", "dogs"]).usage \
+                .prompt_tokens == 7
+        with pytest.raises(openai.RateLimitError) as spent:
+            sdk.embeddings.create(model=CLIENT_MODEL, input=["a cat", "dogs"])
+    assert spent.value.code == "budget_exceeded"
+    assert "10 tokens per day; 14 tokens used" in spent.value.message
+
+
+def test_a_keys_model_list_and_lookup_show_only_its_models(stack: Stack) -> None:
+    key = new_key(stack, models=[CLIENT_MODEL])
+    with client(stack, key) as sdk:
+        assert [m.id for m in sdk.models.list()] == [CLIENT_MODEL]
+        assert sdk.models.retrieve(CLIENT_MODEL).id == CLIENT_MODEL
+        with pytest.raises(openai.NotFoundError) as hidden:
+            sdk.models.retrieve("sim-chat")
+    assert hidden.value.code == "model_not_found"
+    with client(stack) as sdk:  # the tenant's own key is not restricted
+        assert "sim-chat" in [m.id for m in sdk.models.list()]

@@ -18,10 +18,12 @@ import pytest
 
 from gateway.app import GatewayApp
 from gateway.cache import ResponseCache
+from gateway.corridor.key_gate import KeyGate
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot
+from policies.keys import key_digest, new_key
 from policies.schema import hash_api_key
-from tests.integration.test_dispatch import make_policy, running
+from tests.integration.test_dispatch import MODEL, make_policy, running
 from tests.integration.test_resumable_streams import until
 from tests.support.asgi_client import Client, Gateway
 from tests.support.fake_workers import Behaviour
@@ -31,6 +33,20 @@ pytestmark = pytest.mark.anyio
 TENANTS = [{"name": "t", "class": "interactive",
             "limits": {"requests_per_s": 0.01, "requests_burst": 2}},  # no refill in a test
            {"name": "u", "class": "interactive", "api_key_sha256": [hash_api_key("key-u")]}]
+
+
+KEY_SECRET = bytes(range(32))
+
+
+def virtual_key(key_id: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+    """A key (what the client sends) and its policy entry (``hedgerow key create``'s)."""
+    text = new_key()
+    return text, {"id": key_id, "tenant": "u", "hmac_sha256": key_digest(KEY_SECRET, text),
+                  "created_at": 0, **fields}
+
+
+def bearer(key: str) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", f"Bearer {key}".encode())]
 
 
 class LengthEmbedder:
@@ -48,13 +64,13 @@ class LengthEmbedder:
 
 
 @asynccontextmanager
-async def gateway(embedder: LengthEmbedder) -> AsyncIterator[Gateway]:
+async def gateway(embedder: LengthEmbedder, **sections: Any) -> AsyncIterator[Gateway]:
     policy = make_policy(tenants=TENANTS, hedging={"enabled": False},
-                         cache={"enabled": True, "semantic": {"enabled": False}})
+                         cache={"enabled": True, "semantic": {"enabled": False}}, **sections)
     async with running(policy, {"a": Behaviour()}) as rig:
         cache = ResponseCache(policy, embedder=embedder)
         app = GatewayApp(policy, LatestValue(RegistrySnapshot(version=0)), rig.scheduler,
-                         rig.dispatcher, cache=cache)
+                         rig.dispatcher, cache=cache, keys=KeyGate(secret=KEY_SECRET))
         async with anyio.create_task_group() as tg:
             yield Gateway(app, rig.workers, tg)
             tg.cancel_scope.cancel()
@@ -119,3 +135,68 @@ async def test_an_embedder_that_is_not_running_is_a_503_to_retry() -> None:
         client = await embed(gw)
     assert client.status == 503 and client.header("retry-after") == "1"
     assert client.json()["error"]["code"] == "embeddings_unavailable"
+
+
+async def test_embeddings_spend_the_keys_budget_and_a_spent_one_is_refused_as_on_chat() -> None:
+    # Each request is 7 tokens ([CLS] a cat [SEP] + [CLS] dog [SEP]): two fit in 14, not three.
+    text, entry = virtual_key("key_00000000000000b1", budgets=[{"period": "day", "tokens": 14}])
+    other, unlimited = virtual_key("key_00000000000000b2")
+    embedder = LengthEmbedder()
+    async with gateway(embedder, keys=[entry, unlimited]) as gw:
+        served = [await embed(gw, bearer(text)) for _ in range(2)]
+        refused = await embed(gw, bearer(text))
+        metrics = (await gw.app.render_metrics()).decode()
+        embedded = len(embedder.texts)
+        elsewhere = await embed(gw, bearer(other))  # the tenant's other key has no budget
+    assert [c.status for c in served] == [200, 200]
+    assert [c.json()["usage"]["prompt_tokens"] for c in served] == [7, 7]
+    assert refused.status == 429 and int(refused.header("retry-after") or 0) >= 1
+    error = refused.json()["error"]
+    assert error["code"] == "budget_exceeded"
+    assert "14 tokens per day; 14 tokens used" in error["message"], error["message"]
+    assert embedded == 4  # the refused request embedded nothing
+    assert elsewhere.status == 200
+    assert ('hedgerow_tenant_tokens_total{model="all-minilm-l6-v2",tenant="u",type="prompt"}'
+            ' 14.0') in metrics, metrics
+
+
+async def test_a_key_that_may_not_use_the_embedding_model_is_403() -> None:
+    text, entry = virtual_key("key_00000000000000b3", models=[MODEL])
+    async with gateway(LengthEmbedder(), keys=[entry]) as gw:
+        refused = await embed(gw, bearer(text))
+    assert refused.status == 403 and refused.json()["error"]["code"] == "model_not_allowed"
+
+
+async def get(gw: Gateway, path: str, headers: list[tuple[bytes, bytes]] | None = None
+              ) -> Client:
+    client = gw.start(Client("GET", path, headers=headers or []))
+    await until(client.finished.is_set, timeout=30)
+    return client
+
+
+async def test_models_lists_only_what_the_presented_key_may_use() -> None:
+    chat_only, restricted = virtual_key("key_00000000000000c1", models=[MODEL])
+    anything, open_key = virtual_key("key_00000000000000c2")
+    async with gateway(LengthEmbedder(), keys=[restricted, open_key]) as gw:
+        everyone = await get(gw, "/v1/models")
+        scoped = await get(gw, "/v1/models", bearer(chat_only))
+        anthropic = await get(gw, "/v1/models", [(b"x-api-key", chat_only.encode())])
+        unscoped = await get(gw, "/v1/models", bearer(anything))
+        legacy = await get(gw, "/v1/models", bearer("key-u"))
+        wrong = await get(gw, "/v1/models", bearer("sk-hr-wrong"))
+        one = await get(gw, f"/v1/models/{MODEL}", bearer(chat_only))
+        hidden = await get(gw, "/v1/models/all-minilm-l6-v2", bearer(chat_only))
+        shown = await get(gw, "/v1/models/all-minilm-l6-v2")
+        absent = await get(gw, "/v1/models/no-such-model")
+    both = [MODEL, "all-minilm-l6-v2"]
+    assert [m["id"] for m in everyone.json()["data"]] == both
+    assert [m["id"] for m in scoped.json()["data"]] == [MODEL]
+    assert [m["id"] for m in anthropic.json()["data"]] == [MODEL]
+    assert [m["id"] for m in unscoped.json()["data"]] == both
+    assert [m["id"] for m in legacy.json()["data"]] == both
+    assert wrong.status == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    assert one.status == 200 and one.json() == {"id": MODEL, "object": "model", "created": 0,
+                                                "owned_by": "hedgerow"}
+    assert shown.status == 200 and shown.json()["kind"] == "embedding"
+    for missing in (hidden, absent):  # a forbidden model reads as an absent one
+        assert missing.status == 404 and missing.json()["error"]["code"] == "model_not_found"
