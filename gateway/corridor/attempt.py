@@ -68,9 +68,12 @@ class Attempt:
         return self.worker.registration.kind
 
     async def aclose(self) -> None:
+        """Close the events, the response and the span: each even if the one before raised."""
         try:
-            await self.events.aclose()  # type: ignore[attr-defined]
-            await self.response.aclose()
+            try:
+                await self.events.aclose()  # type: ignore[attr-defined]
+            finally:
+                await self.response.aclose()
         finally:
             self.span.end()
 
