@@ -171,11 +171,14 @@ class Dispatcher:
             attempt = await start_attempt(self.workers, worker, race.call,
                                           hedged=kind == "hedge",
                                           ttft_timeout_s=ttft_timeout, span=span)
-        except UpstreamRejected as rejected:  # the client's mistake: not the worker's
-            log.info("request %s: worker %s refused it: %s", race.ticket.request_id,
-                     worker_id, rejected.detail)
+        except UpstreamRejected as rejected:  # not retried: another worker would say the same
+            log.log(logging.WARNING if rejected.worker_fault else logging.INFO,
+                    "request %s: worker %s refused it: %s", race.ticket.request_id,
+                    worker_id, rejected.detail)
             _attempt_ended(span, "rejected", rejected)
-            self.report(worker_id, "abandoned")
+            # A 400 is the client's mistake, not the worker's; a 404 for a model
+            # it registered is the worker's.
+            self.report(worker_id, "failure" if rejected.worker_fault else "abandoned")
             return rejected
         except UpstreamFailed as failed:  # the detail is for operators only
             log.warning("request %s: worker %s failed: %s", race.ticket.request_id,

@@ -39,7 +39,7 @@ from gateway.upstream.client import WorkerClient
 from hedgerow.actors import ActorState, SupervisedChild, Supervisor
 from hedgerow.asgi import Message, Request
 from hedgerow.sse import SseEvent
-from hedgerow.errors import NoHealthyWorker, UpstreamRejected
+from hedgerow.errors import NoHealthyWorker, UpstreamModelNotFound, UpstreamRejected
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerRecord
 from policies.admission import Refused
@@ -609,6 +609,28 @@ async def test_worker_400_is_a_generic_400_not_retried() -> None:
         assert "retries" not in stats["counters"]
         assert "breaker_to_open" not in stats["counters"]  # the client's fault, not the worker's
         assert stats["breakers"]["a"] == "closed"
+
+
+@pytest.mark.parametrize("hedging", [False, True], ids=["one_at_a_time", "raced"])
+async def test_worker_404_is_a_generic_404_not_retried_and_its_breaker_is_told(
+    hedging: bool,
+) -> None:
+    policy = make_policy(breaker={"failures_to_open": 1},
+                         hedging={"enabled": hedging, "floor_ms": 500, "ceiling_ms": 500})
+    async with running(policy, {"a": Behaviour(status=404), "b": Behaviour()}) as rig:
+        served = await rig.serve(rig.ticket())
+        assert isinstance(served.error, UpstreamModelNotFound)
+        assert (served.error.status, served.error.code) == (404, "model_not_found")
+        assert "max_tokens is too large" in served.error.detail  # logged, not sent
+        assert "max_tokens is too large" not in served.error.message
+        assert len(rig.workers.calls) == 1  # one upstream call, not one per worker
+        stats = await eventually_idle(rig)
+        assert "retries" not in stats["counters"]
+        # The model was routed to "a" because it registered it: a worker that
+        # answers 404 for it is the one at fault, and gets no more requests.
+        assert stats["breakers"]["a"] == "open"
+        assert_served_fully(await rig.serve(rig.ticket()))
+        assert [c.worker_id for c in rig.workers.calls] == ["a", "b"]
 
 
 # -- 6. failure after the first token ---------------------------------------------
