@@ -152,7 +152,8 @@ class KeyGate:
             self._held[request_id] = Held(lines, asked, price, key, key_tokens, shared_tokens)
 
     async def settle(self, request_id: str, usage: Usage | None) -> None:
-        """The request has ended with ``usage`` (None: no tokens were computed)."""
+        """The request has ended with ``usage`` (None: no tokens were computed).
+        Shielded from cancellation, bounded by ``SETTLE_TIMEOUT_S``; an error is logged."""
         held = self._held.pop(request_id, None)
         if held is None:
             return
@@ -161,16 +162,22 @@ class KeyGate:
         # Settling must finish even when the client's cancellation (or the drain's
         # cut) ends the request, and each part whatever the one before it raised;
         # bounded, so that a store that stalls cannot hold up the request or a shutdown.
+        # It never raises: it runs in the request's ``finally`` (completions and
+        # embeddings), where an error would replace the request's own outcome.
         with anyio.move_on_after(SETTLE_TIMEOUT_S, shield=True) as bounded:
             try:
-                self._give_back_key_tokens(held.key, held.key_tokens, actual.tokens)
-            finally:
                 try:
-                    await self._settle_shared(held.key, held.shared_key_tokens, actual.tokens)
+                    self._give_back_key_tokens(held.key, held.key_tokens, actual.tokens)
                 finally:
-                    if held.lines:
-                        await self.budgets.settle(held.lines, held.reserved, actual,
-                                                  self.clock())
+                    try:
+                        await self._settle_shared(held.key, held.shared_key_tokens,
+                                                  actual.tokens)
+                    finally:
+                        if held.lines:
+                            await self.budgets.settle(held.lines, held.reserved, actual,
+                                                      self.clock())
+            except Exception:
+                log.exception("request %s: settling its budgets failed", request_id)
         if bounded.cancelled_caught:
             log.warning("request %s: settling its budgets took over %.1fs and was given up; "
                         "its reservation stays counted as spent", request_id, SETTLE_TIMEOUT_S)
