@@ -8,6 +8,7 @@ governs it to the end.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from gateway.corridor.attempt import UpstreamCall
@@ -46,6 +47,8 @@ from policies.schema import Policy, PriorityClass
 from policies.scoring import RouteRequest
 from policies.tenancy import Identity
 
+log = logging.getLogger("hedgerow.gateway.completions")
+
 
 class CompletionRoutes(CachedAnswers):
     """The completion routes and the resumable stream routes."""
@@ -75,7 +78,13 @@ class CompletionRoutes(CachedAnswers):
                 observed.failed(error)
                 raise
             finally:
-                await self.keys.settle(request.scope["hedgerow.request_id"], observed.usage)
+                request_id = request.scope["hedgerow.request_id"]
+                try:
+                    # Shielded and bounded inside (``KeyGate.settle``): a client that
+                    # leaves, or the drain's cut, cannot skip it.
+                    await self.keys.settle(request_id, observed.usage)
+                except Exception:  # the answer stands; the request is still logged
+                    log.exception("request %s: settling its budgets failed", request_id)
                 observed.finished(time.monotonic())
                 self.access_log.write(observed, request.scope)
                 if span.is_recording():

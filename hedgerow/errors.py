@@ -16,7 +16,9 @@ the OpenAI error envelope ``{"error": {"message", "type", "code"}}``.
     │   ├── PolicyError                 400  code=invalid_policy (policies.schema;
     │   │                                    carries file:line:column issues)
     │   ├── UpstreamRejected            400  code=upstream_rejected_request (a
-    │   │                                    worker's 400/413/422; generic message)
+    │   │   │                                worker's 400/413/422; generic message)
+    │   │   └── UpstreamModelNotFound   404  code=model_not_found (a worker's 404;
+    │   │                                    generic message)
     │   ├── MethodNotAllowed            405
     │   ├── RequestTimeout              408  code=request_timeout (HTTP/1.1:
     │   │                                    Connection: close)
@@ -141,11 +143,29 @@ class UpstreamRejected(InvalidRequest):
     ``detail`` (for the log): its body may name hosts, keys or its own internals."""
 
     default_code = "upstream_rejected_request"
+    public_message = ("the model server refused the request as invalid; check its "
+                      "parameters (max_tokens against the model's context, for example)")
+    # True when the refusal says more about the worker than about the request:
+    # not retried, but its breaker is told (a worker that keeps refusing gets none).
+    worker_fault = False
 
     def __init__(self, detail: str) -> None:
-        super().__init__("the model server refused the request as invalid; check its "
-                         "parameters (max_tokens against the model's context, for example)")
+        super().__init__(self.public_message)
         self.detail = detail
+
+
+class UpstreamModelNotFound(UpstreamRejected):
+    """A worker or external upstream answered 404: it does not serve the model (or
+    the route) it was asked for. Another worker would most likely answer the same,
+    so it is not retried; the client gets a 404 ``model_not_found`` with a fixed
+    message, the upstream's words stay in ``detail``. The gateway routes a model
+    only to workers registered for it, so the worker is the one at fault: its
+    breaker is told, and one that keeps answering 404 stops getting requests."""
+
+    status = 404
+    default_code = "model_not_found"
+    public_message = "the model server does not serve the requested model"
+    worker_fault = True
 
 
 class MethodNotAllowed(InvalidRequest):

@@ -4,7 +4,8 @@
 first one that carries output (a token, or the finish); only then is the
 attempt worth relaying. Everything before that point can still be retried or
 raced by a hedge without the client noticing. A worker's 400, 413 or 422
-(``UpstreamRejected``: the client's own mistake) is not retried; any other
+(``UpstreamRejected``: the client's own mistake) is not retried, nor is its 404
+(``UpstreamModelNotFound``: it does not serve the model); any other
 non-200 answer, an error event or an event that is no completion chunk fails
 the attempt (``UpstreamFailed``), so it is retried on another worker. None of
 them carries the worker's own words to the client (``gateway.upstream.client``).
@@ -68,9 +69,12 @@ class Attempt:
         return self.worker.registration.kind
 
     async def aclose(self) -> None:
+        """Close the events, the response and the span: each even if the one before raised."""
         try:
-            await self.events.aclose()  # type: ignore[attr-defined]
-            await self.response.aclose()
+            try:
+                await self.events.aclose()  # type: ignore[attr-defined]
+            finally:
+                await self.response.aclose()
         finally:
             self.span.end()
 

@@ -95,10 +95,11 @@ class Dispatcher:
             try:
                 await self._run(race, first, hedge_at, send, receive)
             except BaseException:  # the client left: even a winner must be closed now
-                await self._close_losers([*receive_leftovers(receive), *_present(race.winner)])
+                await self._close_losers([*receive_leftovers(receive), *_present(race.winner)],
+                                         ticket.request_id)
                 raise
             # A loser may have reached its first token just as the winner did.
-            await self._close_losers(receive_leftovers(receive))
+            await self._close_losers(receive_leftovers(receive), ticket.request_id)
         if race.winner is not None:
             return race.winner
         raise _final_error(race.errors)
@@ -153,8 +154,7 @@ class Dispatcher:
                 if isinstance(result, Attempt):
                     result.span.set_attribute("hedgerow.attempt.outcome", "lost")
                     with anyio.CancelScope(shield=True):
-                        await result.aclose()
-                    self.report(result.worker_id, "abandoned")
+                        await close_attempt(result, self, "abandoned", race.ticket.request_id)
                 raise
 
     async def _try(self, race: _Race, worker: WorkerRecord, kind: AttemptKind) -> AttemptResult:
@@ -171,11 +171,14 @@ class Dispatcher:
             attempt = await start_attempt(self.workers, worker, race.call,
                                           hedged=kind == "hedge",
                                           ttft_timeout_s=ttft_timeout, span=span)
-        except UpstreamRejected as rejected:  # the client's mistake: not the worker's
-            log.info("request %s: worker %s refused it: %s", race.ticket.request_id,
-                     worker_id, rejected.detail)
+        except UpstreamRejected as rejected:  # not retried: another worker would say the same
+            log.log(logging.WARNING if rejected.worker_fault else logging.INFO,
+                    "request %s: worker %s refused it: %s", race.ticket.request_id,
+                    worker_id, rejected.detail)
             _attempt_ended(span, "rejected", rejected)
-            self.report(worker_id, "abandoned")
+            # A 400 is the client's mistake, not the worker's; a 404 for a model
+            # it registered is the worker's.
+            self.report(worker_id, "failure" if rejected.worker_fault else "abandoned")
             return rejected
         except UpstreamFailed as failed:  # the detail is for operators only
             log.warning("request %s: worker %s failed: %s", race.ticket.request_id,
@@ -251,13 +254,25 @@ class Dispatcher:
             race.errors.append(shed)
             return None
 
-    async def _close_losers(self, leftovers: list[AttemptResult]) -> None:
+    async def _close_losers(self, leftovers: list[AttemptResult], request_id: str) -> None:
         for result in leftovers:
             if isinstance(result, Attempt):
                 result.span.set_attribute("hedgerow.attempt.outcome", "lost")
                 with anyio.CancelScope(shield=True):
-                    await result.aclose()
-                self.report(result.worker_id, "abandoned")
+                    await close_attempt(result, self, "abandoned", request_id)
+
+
+async def close_attempt(attempt: Attempt, dispatcher: Dispatcher, outcome: Outcome,
+                        request_id: str) -> None:
+    """Close ``attempt``'s stream, then report it: the report (its worker slot freed)
+    happens even when closing fails, which is logged, not raised; cancellation is."""
+    try:
+        await attempt.aclose()  # ends its span
+    except Exception as error:
+        log.warning("request %s: closing the stream from worker %s failed: %s: %s",
+                    request_id, attempt.worker_id, type(error).__name__, error)
+    finally:
+        dispatcher.report(attempt.worker_id, outcome)
 
 
 def _attempt_attributes(race: _Race, worker: WorkerRecord,

@@ -29,7 +29,7 @@ import orjson
 
 from gateway.corridor.attempt import UpstreamCall, external_request, request_url
 from gateway.upstream.client import WorkerClient
-from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed
+from hedgerow.errors import HedgerowError, NoHealthyWorker, UpstreamFailed, UpstreamRejected
 from hedgerow.wire import RegistrySnapshot, WorkerRecord
 
 log = logging.getLogger("hedgerow.gateway.embed_route")
@@ -64,7 +64,11 @@ async def forward(workers: WorkerClient, tried_on: Sequence[WorkerRecord],
     for worker in tried_on:
         try:
             return await _one(workers, worker, call, client_model, attempt_timeout_s)
-        except UpstreamFailed as failed:  # a 400/413/422 (UpstreamRejected) is not retried
+        except UpstreamRejected as rejected:  # a 400/404/413/422: not retried
+            log.warning("request %s: embeddings refused by %s: %s", call.request_id,
+                        worker.registration.worker_id, rejected.detail)
+            raise
+        except UpstreamFailed as failed:
             log.warning("embeddings on %s failed (%s): %s", worker.registration.worker_id,
                         failed.code, failed.detail)
             errors.append(failed)

@@ -9,7 +9,8 @@ someone reads it or may come back (``StreamLog.abandoned``).
 
 Whatever ends it, the log ends with a terminal event — ``[DONE]`` or an SSE
 error event — and is marked finished; the ticket is released and the worker's
-outcome reported, shielded from cancellation.
+outcome reported, shielded from cancellation, even when closing the worker's
+stream fails (that is logged with the request id).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Protocol
 import anyio
 
 from gateway.corridor.attempt import Attempt, UpstreamCall, upstream_chunk
-from gateway.corridor.dispatch import Dispatcher
+from gateway.corridor.dispatch import Dispatcher, close_attempt
 from gateway.corridor.relay import RelayOutcome, observe_chunk
 from gateway.corridor.stream_log import EventKind, StreamLog
 from gateway.corridor.scheduling import SchedulerDoor
@@ -122,19 +123,25 @@ class Generation:
         self.stream.append("error", payload, time.monotonic())
 
     async def _end(self, attempt: Attempt | None, outcome: RelayOutcome, admitted: bool) -> None:
-        stream = self.stream
-        if stream.started and not stream.finished and not (outcome.complete or outcome.failed):
-            reason = stream.cancel_reason or "the generation stopped: no client was reading it"
-            self._append_error(reason, stream.cancel_code, stream.cancel_type)
-        stream.finish(time.monotonic())
-        if attempt is not None:
-            result: Outcome = ("failure" if outcome.failed else
-                               "success" if outcome.complete else "abandoned")
-            attempt.span.set_attribute("hedgerow.attempt.outcome", result)
-            await attempt.aclose()  # ends its span
-            self.dispatcher.report(attempt.worker_id, result)
-        if admitted:
-            await self.scheduler.ticket_done(self.ticket, outcome.total_tokens)
+        # Each release happens whatever the one before it raised: a worker slot
+        # or a tenant's concurrency not given back is held until a restart.
+        try:
+            stream = self.stream
+            if stream.started and not stream.finished and not (outcome.complete
+                                                               or outcome.failed):
+                reason = stream.cancel_reason or "the generation stopped: no client was reading it"
+                self._append_error(reason, stream.cancel_code, stream.cancel_type)
+            stream.finish(time.monotonic())
+        finally:
+            try:
+                if attempt is not None:
+                    result: Outcome = ("failure" if outcome.failed else
+                                       "success" if outcome.complete else "abandoned")
+                    attempt.span.set_attribute("hedgerow.attempt.outcome", result)
+                    await close_attempt(attempt, self.dispatcher, result, self.stream.request_id)
+            finally:
+                if admitted:
+                    await self.scheduler.ticket_done(self.ticket, outcome.total_tokens)
 
 
 def _worker(attempt: Attempt) -> dict[str, tracing.AttributeValue] | None:

@@ -42,6 +42,9 @@ log = logging.getLogger("hedgerow.gateway.keys")
 MAX_OPEN = 65_536
 # Per-key bucket pairs kept; the least recently used beyond it start full again.
 MAX_KEY_BUCKETS = 16_384
+# How long settling one request may take: each Redis call is bounded on its own
+# (``REDIS_TIMEOUT_S``), this bounds them all, whatever the budget store.
+SETTLE_TIMEOUT_S = 2.0
 
 
 class Budgets(Protocol):
@@ -149,18 +152,35 @@ class KeyGate:
             self._held[request_id] = Held(lines, asked, price, key, key_tokens, shared_tokens)
 
     async def settle(self, request_id: str, usage: Usage | None) -> None:
-        """The request has ended with ``usage`` (None: no tokens were computed)."""
+        """The request has ended with ``usage`` (None: no tokens were computed).
+        Shielded from cancellation, bounded by ``SETTLE_TIMEOUT_S``; an error is logged."""
         held = self._held.pop(request_id, None)
         if held is None:
             return
         used = usage or Usage()
         actual = Spend(float(used.prompt_tokens + used.completion_tokens), _cost(held.price, used))
-        self._give_back_key_tokens(held.key, held.key_tokens, actual.tokens)
-        # Settling must finish even when the client's cancellation ends the request.
-        with anyio.CancelScope(shield=True):
-            await self._settle_shared(held.key, held.shared_key_tokens, actual.tokens)
-            if held.lines:
-                await self.budgets.settle(held.lines, held.reserved, actual, self.clock())
+        # Settling must finish even when the client's cancellation (or the drain's
+        # cut) ends the request, and each part whatever the one before it raised;
+        # bounded, so that a store that stalls cannot hold up the request or a shutdown.
+        # It never raises: it runs in the request's ``finally`` (completions and
+        # embeddings), where an error would replace the request's own outcome.
+        with anyio.move_on_after(SETTLE_TIMEOUT_S, shield=True) as bounded:
+            try:
+                try:
+                    self._give_back_key_tokens(held.key, held.key_tokens, actual.tokens)
+                finally:
+                    try:
+                        await self._settle_shared(held.key, held.shared_key_tokens,
+                                                  actual.tokens)
+                    finally:
+                        if held.lines:
+                            await self.budgets.settle(held.lines, held.reserved, actual,
+                                                      self.clock())
+            except Exception:
+                log.exception("request %s: settling its budgets failed", request_id)
+        if bounded.cancelled_caught:
+            log.warning("request %s: settling its budgets took over %.1fs and was given up; "
+                        "its reservation stays counted as spent", request_id, SETTLE_TIMEOUT_S)
 
     async def _take_shared_key_rate(self, key: VirtualKey | None, tokens: float) -> float:
         """What was taken from the key's shared tokens bucket (0: none, or no Redis)."""

@@ -3,9 +3,12 @@
 ``open_stream`` sends a request and returns the response with its body not yet
 read, so tokens can be relayed as they arrive. Any answer but a 200 is mapped
 here, once (``reply_error``): a 400, 413 or 422 means the client's request was
-bad (``UpstreamRejected``, a 400 with a generic message, not retried); every
-other status, and every transport failure, is ``UpstreamFailed`` (retryable on
-another worker, since nothing reached the client yet). Neither carries the
+bad (``UpstreamRejected``, a 400 with a generic message, not retried); a 404
+that the upstream does not serve the model (or route) asked for
+(``UpstreamModelNotFound``, a 404 ``model_not_found`` with a generic message,
+not retried either); every other status (5xx and 429 included), and every
+transport failure, is ``UpstreamFailed`` (retryable on another worker, since
+nothing reached the client yet). Neither carries the
 upstream's body or address to the client: those go to the log, in ``detail``.
 
 The transport is ``gateway.upstream.worker_http.HttpPool`` (a lean HTTP/1.1 client: this
@@ -21,7 +24,8 @@ from typing import Protocol
 
 from gateway.upstream.http1 import HttpError, HttpTimeout, ProtocolError
 from gateway.upstream.worker_http import HttpPool, PoolLimits
-from hedgerow.errors import HedgerowError, UpstreamFailed, UpstreamRejected
+from hedgerow.errors import (HedgerowError, UpstreamFailed, UpstreamModelNotFound,
+                             UpstreamRejected)
 from hedgerow.trust.credentials import TlsContexts
 from hedgerow.trust.identity import Identity, IdentityError
 from policies.schema import Timeouts
@@ -86,6 +90,8 @@ def reply_error(worker_id: str, status: int, body: bytes) -> HedgerowError:
     detail = f"worker {worker_id} answered {status}: {body[:MAX_DETAIL_BYTES]!r}"
     if status in CLIENT_FAULT_STATUSES:
         return UpstreamRejected(detail)
+    if status == 404:
+        return UpstreamModelNotFound(detail)
     code = "upstream_malformed" if 200 <= status < 300 else "upstream_error"
     return UpstreamFailed(detail, code=code)
 

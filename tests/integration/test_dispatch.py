@@ -38,7 +38,8 @@ from gateway.corridor.tickets import Ticket
 from gateway.upstream.client import WorkerClient
 from hedgerow.actors import ActorState, SupervisedChild, Supervisor
 from hedgerow.asgi import Message, Request
-from hedgerow.errors import NoHealthyWorker, UpstreamRejected
+from hedgerow.sse import SseEvent
+from hedgerow.errors import NoHealthyWorker, UpstreamModelNotFound, UpstreamRejected
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerRecord
 from policies.admission import Refused
@@ -345,6 +346,37 @@ async def test_near_simultaneous_first_tokens_leave_no_stream_open_and_no_slot_h
         assert loser.hung_up and not loser.completed
 
 
+@pytest.mark.parametrize("turns_apart", range(6))
+async def test_a_race_whose_attempts_fail_to_close_still_frees_every_slot(
+    turns_apart: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As above, but closing any attempt (the winner's, a loser's) raises after it closed.
+    aclose = Attempt.aclose
+
+    async def raising_aclose(self: Attempt) -> None:
+        await aclose(self)
+        raise OSError("injected: the connection broke as it was closed")
+
+    monkeypatch.setattr(Attempt, "aclose", raising_aclose)
+    release_a, release_b = anyio.Event(), anyio.Event()
+    policy = make_policy(hedging={"floor_ms": 30, "ceiling_ms": 30})
+    behaviours = {"a": Behaviour(hold=release_a), "b": Behaviour(hold=release_b)}
+    async with running(policy, behaviours) as rig:
+        results: dict[str, Served] = {}
+        async with anyio.create_task_group() as tg:
+            ticket = rig.ticket()
+            tg.start_soon(rig.serve_into, results, ticket)
+            await wait_until(lambda: len(rig.workers.calls) == 2)
+            await anyio.sleep(0.01)
+            release_a.set()
+            for _ in range(turns_apart):
+                await anyio.sleep(0)
+            release_b.set()
+        assert_served_fully(results[ticket.request_id])
+        await eventually_idle(rig)
+        assert ticket.finished
+
+
 async def test_client_leaving_during_a_hedged_race_cuts_off_both_workers() -> None:
     policy = make_policy(hedging={"floor_ms": 50, "ceiling_ms": 50})
     slow = {"a": Behaviour(first_token_after_s=3.0), "b": Behaviour(first_token_after_s=3.0)}
@@ -577,6 +609,28 @@ async def test_worker_400_is_a_generic_400_not_retried() -> None:
         assert "retries" not in stats["counters"]
         assert "breaker_to_open" not in stats["counters"]  # the client's fault, not the worker's
         assert stats["breakers"]["a"] == "closed"
+
+
+@pytest.mark.parametrize("hedging", [False, True], ids=["one_at_a_time", "raced"])
+async def test_worker_404_is_a_generic_404_not_retried_and_its_breaker_is_told(
+    hedging: bool,
+) -> None:
+    policy = make_policy(breaker={"failures_to_open": 1},
+                         hedging={"enabled": hedging, "floor_ms": 500, "ceiling_ms": 500})
+    async with running(policy, {"a": Behaviour(status=404), "b": Behaviour()}) as rig:
+        served = await rig.serve(rig.ticket())
+        assert isinstance(served.error, UpstreamModelNotFound)
+        assert (served.error.status, served.error.code) == (404, "model_not_found")
+        assert "max_tokens is too large" in served.error.detail  # logged, not sent
+        assert "max_tokens is too large" not in served.error.message
+        assert len(rig.workers.calls) == 1  # one upstream call, not one per worker
+        stats = await eventually_idle(rig)
+        assert "retries" not in stats["counters"]
+        # The model was routed to "a" because it registered it: a worker that
+        # answers 404 for it is the one at fault, and gets no more requests.
+        assert stats["breakers"]["a"] == "open"
+        assert_served_fully(await rig.serve(rig.ticket()))
+        assert [c.worker_id for c in rig.workers.calls] == ["a", "b"]
 
 
 # -- 6. failure after the first token ---------------------------------------------
@@ -855,6 +909,83 @@ async def test_client_gone_just_as_its_worker_was_assigned_frees_the_slot() -> N
         served = await rig.serve(rig.ticket())  # the only slot is usable again
         assert_served_fully(served)
         assert served.elapsed < 0.5
+
+
+def failing_close(rig: Rig) -> list[str]:
+    """Make every winning attempt's ``aclose`` raise after closing (a connection that
+    errors as it is torn down); the list collects the worker of each."""
+    closed: list[str] = []
+    first_token = rig.dispatcher.first_token
+
+    async def first_token_failing_close(ticket: Ticket, call: UpstreamCall) -> Attempt:
+        attempt = await first_token(ticket, call)
+        aclose = attempt.aclose
+
+        async def raising_aclose() -> None:
+            await aclose()
+            closed.append(attempt.worker_id)
+            raise OSError("injected: the connection broke as it was closed")
+
+        attempt.aclose = raising_aclose  # type: ignore[method-assign]
+        return attempt
+
+    rig.dispatcher.first_token = first_token_failing_close  # type: ignore[method-assign]
+    return closed
+
+
+async def test_an_attempt_whose_close_fails_still_frees_its_slot_and_ticket(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # One worker slot, one request at a time for the tenant: a leak of either
+    # would leave the next request queued or refused (429) forever.
+    policy = make_policy(tenants=tenant_limits(max_concurrency=1))
+    async with running(policy, {"a": Behaviour()},
+                       records=[record("a", model=MODEL, slots=1)]) as rig:
+        closed = failing_close(rig)
+        first = await rig.serve(rig.ticket())
+        assert_served_fully(first)  # the client never notices
+        assert closed == ["a"] and first.ticket.finished
+        assert (await rig.stats())["inflight"] == {}
+        assert f"{first.ticket.request_id}: closing the stream from worker a failed" in caplog.text
+        with anyio.fail_after(2):
+            nxt = await rig.serve(rig.ticket())
+        assert_served_fully(nxt)  # the slot and the tenant's concurrency were given back
+        assert closed == ["a", "a"]
+        assert (await rig.stats())["breakers"]["a"] == "closed"
+
+
+async def test_an_attempt_whose_events_fail_to_close_still_closes_its_connection() -> None:
+    closed: list[str] = []
+
+    class Response:
+        status, headers = 200, {"content-type": "text/event-stream"}
+
+        async def chunks(self) -> AsyncIterator[bytes]:
+            yield b""
+
+        async def read_all(self, limit: int) -> bytes:
+            return b""
+
+        async def aclose(self) -> None:
+            closed.append("connection")
+
+    async def events() -> AsyncIterator[SseEvent]:
+        try:
+            yield SseEvent(data="[DONE]")
+            await anyio.sleep_forever()
+        finally:
+            raise OSError("injected: the stream broke as it was closed")
+
+    class Span:
+        def end(self) -> None:
+            closed.append("span")
+
+    stream = events()
+    await stream.__anext__()  # started, as a relayed stream is
+    attempt = Attempt(record("a", model=MODEL), False, Response(), stream, span=Span())
+    with pytest.raises(OSError, match="injected"):
+        await attempt.aclose()
+    assert closed == ["connection", "span"]
 
 
 async def test_attempt_done_for_every_attempt_keeps_slots_balanced() -> None:

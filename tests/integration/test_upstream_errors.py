@@ -26,7 +26,7 @@ from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerLoad, WorkerRecord, WorkerRegistration
 from tests.integration.test_dispatch import make_policy, running
 from tests.support.asgi_client import Client, Gateway, body
-from tests.support.fake_workers import Behaviour, url_of
+from tests.support.fake_workers import Behaviour, record, url_of
 
 pytestmark = pytest.mark.anyio
 
@@ -89,7 +89,6 @@ def envelope(client: Client) -> dict[str, Any]:
     ("500 with its address and a secret", Behaviour(status=500, body=NOISY)),
     ("503 with a JSON envelope of its own", Behaviour(status=503, body=NOISY_ENVELOPE)),
     ("401", Behaviour(status=401, body=NOISY_ENVELOPE)),
-    ("404", Behaviour(status=404, body=NOISY)),
     ("302 elsewhere", Behaviour(status=302, body=NOISY)),
     ("garbage with a 200", Behaviour(body=b"\x00\xff<html>" + NOISY + b"</html>")),
     ("an SSE error event first", Behaviour(garbage_after_tokens=0, garbage=ERROR_EVENT)),
@@ -125,6 +124,57 @@ async def test_a_400_from_the_upstream_is_a_generic_400(
     assert error["code"] == "upstream_rejected_request"
     assert_no_leak(client)
     assert SECRET in caplog.text and client.header("x-request-id") in caplog.text
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+async def test_a_404_from_the_upstream_is_a_generic_model_not_found_asked_once(
+    stream: bool, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    other = "w-other"
+    records = [record(WORKER, model="m"), record(other, model="m")]
+    policy = make_policy(hedging={"enabled": False}, cache={"enabled": False})
+    async with running(policy, {WORKER: Behaviour(status=404, body=NOISY_ENVELOPE),
+                                other: Behaviour(status=404, body=NOISY_ENVELOPE)},
+                       records) as rig:
+        app = GatewayApp(policy, LatestValue(RegistrySnapshot(version=0)), rig.scheduler,
+                         rig.dispatcher)
+        async with anyio.create_task_group() as tg:
+            client = await Gateway(app, rig.workers, tg).stream(request=body(stream=stream))
+            with anyio.fail_after(5):
+                await client.finished.wait()
+        calls = len(rig.workers.calls)
+    assert client.status == 404, client.raw()
+    error = envelope(client)
+    assert (error["type"], error["code"]) == ("invalid_request_error", "model_not_found")
+    assert error["message"] == "the model server does not serve the requested model"
+    assert calls == 1  # not retried on the other worker, which would say the same
+    assert_no_leak(client)
+    request_id = client.header("x-request-id")
+    logged = [r.getMessage() for r in caplog.records if request_id in r.getMessage()]
+    assert any(SECRET in line and "answered 404" in line for line in logged), caplog.text
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+async def test_a_5xx_or_429_from_the_upstream_is_still_retried_on_another_worker(
+    status: int,
+) -> None:
+    other = "w-other"
+    records = [record(WORKER, model="m"), record(other, model="m")]
+    policy = make_policy(hedging={"enabled": False}, cache={"enabled": False})
+    async with running(policy, {WORKER: Behaviour(status=status, body=NOISY),
+                                other: Behaviour(status=status, body=NOISY)},
+                       records) as rig:
+        app = GatewayApp(policy, LatestValue(RegistrySnapshot(version=0)), rig.scheduler,
+                         rig.dispatcher)
+        async with anyio.create_task_group() as tg:
+            client = await Gateway(app, rig.workers, tg).stream(request=body(stream=False))
+            with anyio.fail_after(5):
+                await client.finished.wait()
+        workers_asked = sorted(c.worker_id for c in rig.workers.calls)
+    assert workers_asked == sorted([WORKER, other])
+    assert client.status == 503 and envelope(client)["code"] == "no_healthy_worker"
+    assert_no_leak(client)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])

@@ -93,12 +93,25 @@ async def test_a_failure_before_the_answer_is_retried_on_the_next_with_names_map
     assert answer.body == {**ANSWER, "model": "bge"}
 
 
-async def test_the_clients_mistake_is_not_retried_and_no_upstream_words_reach_it() -> None:
-    def handler(request: WorkerRequest) -> MockReply:
-        return MockReply(400 if request.host == "a" else 200, body=orjson.dumps(ANSWER))
+@pytest.mark.parametrize(("status", "client_status"), [(400, 400), (404, 404)])
+async def test_the_clients_mistake_is_not_retried_and_no_upstream_words_reach_it(
+    status: int, client_status: int, caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[str] = []
 
-    with pytest.raises(UpstreamRejected):
+    def handler(request: WorkerRequest) -> MockReply:
+        seen.append(request.host)
+        words = b'{"error": {"message": "no such model at sk-upstream"}}'
+        return MockReply(status, body=words) if request.host == "a" else MockReply(
+            200, body=orjson.dumps(ANSWER))
+
+    with pytest.raises(UpstreamRejected) as rejected:
         await forward(handler, [record("a"), record("b")])
+    assert seen == ["a"]
+    assert rejected.value.status == client_status
+    assert "sk-upstream" not in str(rejected.value.envelope())
+    assert "request r1: embeddings refused by a" in caplog.text  # the detail, for operators
+    assert "sk-upstream" in caplog.text
 
     def malformed(request: WorkerRequest) -> MockReply:
         return MockReply(200, body=b'{"secret": "sk-upstream"}')

@@ -11,15 +11,17 @@ import anyio
 import pytest
 
 from control_plane.policy_store import PolicyStore
-from gateway.corridor.key_gate import KeyGate
+from gateway.corridor import key_gate
+from gateway.corridor.key_gate import KeyGate, LocalBudgets
 from gateway.admin.usage_metrics import Usage
 from hedgerow.errors import (AuthenticationFailed, BudgetExceeded, PermissionDenied,
                              PolicyUnavailable, RateLimited)
 from policies.keys import (KEY_PREFIX, Keyring, carry_keys, key_digest, new_key,
                            split_keys_block, with_keys)
+from policies.budget import BudgetLine, Spend
 from policies.loader import parse_policy_document
 from policies.schema import Budget, KeyLimits, Policy, VirtualKey
-from policies.tenancy import identify
+from policies.tenancy import Identity, identify
 
 SECRET = bytes(range(32))
 LEGACY = "sk-legacy-1"
@@ -157,6 +159,100 @@ def test_per_key_rate_and_cost_budget_reserve_then_settle() -> None:
         assert "per month" in spent.value.message
 
     anyio.run(later)
+
+
+class _SlowStores:
+    """A key's shared tokens bucket and the budgets, each taking ``delay_s`` to settle
+    (a Redis round trip), the shared one raising ``fail`` if set; settles are recorded."""
+
+    def __init__(self, delay_s: float, fail: Exception | None = None) -> None:
+        self.delay_s, self.fail = delay_s, fail
+        self.local = LocalBudgets()
+        self.settled: list[str] = []
+
+    async def take_key(self, key_id: str, requests_per_s: float | None,
+                       tokens_per_min: float | None, tokens: float) -> tuple[str, float] | None:
+        return None
+
+    async def settle_key(self, key_id: str, tokens_per_min: float, change: float) -> None:
+        await anyio.sleep(self.delay_s)
+        if self.fail is not None:
+            raise self.fail
+        self.settled.append("key tokens")
+
+    async def reserve(self, lines: tuple[BudgetLine, ...], asked: Spend,
+                      now: float) -> BudgetExceeded | None:
+        return await self.local.reserve(lines, asked, now)
+
+    async def settle(self, lines: tuple[BudgetLine, ...], reserved: Spend, actual: Spend,
+                     now: float) -> None:
+        await anyio.sleep(self.delay_s)
+        await self.local.settle(lines, reserved, actual, now)
+        self.settled.append("budgets")
+
+
+def _gate_with(stores: _SlowStores) -> tuple[KeyGate, Policy, Identity]:
+    text = new_key()
+    # big: 100 + 400 tokens reserve 0.1 + 0.8 = 0.9 of the 1.0 budget: a second
+    # request fits only once the first one's reservation is settled.
+    policy = policy_with(make_key(text, limits=KeyLimits(tokens_per_min=100_000),
+                                  budgets=(Budget(period="month", cost=1.0),)))
+    gate = KeyGate(budgets=stores, clock=lambda: NOW, secret=SECRET, shared_rates=stores)
+    return gate, policy, gate.identify(policy, f"Bearer {text}")
+
+
+def test_a_request_cancelled_while_settling_is_still_settled() -> None:
+    stores = _SlowStores(delay_s=0.05)
+    gate, policy, identity = _gate_with(stores)
+
+    async def main() -> None:
+        await gate.admit("r1", identity, policy, "big", 100, 400)
+        with pytest.raises(BudgetExceeded):
+            await gate.admit("r2", identity, policy, "big", 100, 400)
+        stores.settled.clear()  # r2's refusal gave its key tokens back
+        with anyio.CancelScope() as request:  # the request's own scope
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(gate.settle, "r1", None)  # no token was computed
+                await anyio.sleep(0.01)  # in its first Redis round trip
+                request.cancel()  # the client left, or the drain cut it
+        assert stores.settled == ["key tokens", "budgets"]
+        await gate.admit("r3", identity, policy, "big", 100, 400)  # the 0.9 came back
+
+    anyio.run(main)
+
+
+def test_a_failing_shared_bucket_still_lets_the_budgets_settle(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stores = _SlowStores(delay_s=0, fail=RuntimeError("injected: a bug in the Redis client"))
+    gate, policy, identity = _gate_with(stores)
+
+    async def main() -> None:
+        await gate.admit("r1", identity, policy, "big", 100, 400)
+        await gate.settle("r1", None)  # logged, not raised: it runs in a request's finally
+        assert stores.settled == ["budgets"]
+        assert "request r1: settling its budgets failed" in caplog.text
+        assert "injected: a bug in the Redis client" in caplog.text
+        await gate.admit("r2", identity, policy, "big", 100, 400)
+
+    anyio.run(main)
+
+
+def test_a_stalled_store_cannot_hold_a_request_past_the_settle_bound(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(key_gate, "SETTLE_TIMEOUT_S", 0.2)
+    stores = _SlowStores(delay_s=5.0)  # each a stalled round trip, with no timeout of its own
+    gate, policy, identity = _gate_with(stores)
+
+    async def main() -> float:
+        await gate.admit("r1", identity, policy, "big", 100, 400)
+        started = anyio.current_time()
+        await gate.settle("r1", None)
+        return anyio.current_time() - started
+
+    assert anyio.run(main) < 1.0
+    assert "request r1: settling its budgets took over 0.2s" in caplog.text
 
 
 class _StoreRef:

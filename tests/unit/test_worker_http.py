@@ -24,7 +24,7 @@ from gateway.edge.devcert import ensure_dev_certificate
 from gateway.upstream.http1 import ChunkedBody, ConnectionBroken, ProtocolError
 from gateway.upstream.client import WorkerClient
 from gateway.upstream.worker_http import HttpPool, PoolLimits
-from hedgerow.errors import HedgerowError, UpstreamFailed, UpstreamRejected
+from hedgerow.errors import HedgerowError, UpstreamFailed, UpstreamModelNotFound, UpstreamRejected
 from hedgerow.wire import WorkerLoad, WorkerRecord, WorkerRegistration
 from policies.schema import Timeouts
 
@@ -329,17 +329,19 @@ async def test_oversized_headers_are_rejected() -> None:
 SECRET = "sk-live-0123456789abcdef"
 
 
-@pytest.mark.parametrize(("status", "expected", "code"), [
-    (400, UpstreamRejected, "upstream_rejected_request"),
-    (422, UpstreamRejected, "upstream_rejected_request"),
-    (401, UpstreamFailed, "upstream_error"),
-    (404, UpstreamFailed, "upstream_error"),
-    (302, UpstreamFailed, "upstream_error"),
-    (500, UpstreamFailed, "upstream_error"),
-    (206, UpstreamFailed, "upstream_malformed"),
+@pytest.mark.parametrize(("status", "expected", "client_status", "code"), [
+    (400, UpstreamRejected, 400, "upstream_rejected_request"),
+    (413, UpstreamRejected, 400, "upstream_rejected_request"),
+    (422, UpstreamRejected, 400, "upstream_rejected_request"),
+    (401, UpstreamFailed, 502, "upstream_error"),
+    (404, UpstreamModelNotFound, 404, "model_not_found"),
+    (302, UpstreamFailed, 502, "upstream_error"),
+    (429, UpstreamFailed, 502, "upstream_error"),
+    (500, UpstreamFailed, 502, "upstream_error"),
+    (206, UpstreamFailed, 502, "upstream_malformed"),
 ])
 async def test_a_non_200_answer_becomes_our_error_without_the_workers_words(
-    status: int, expected: type[HedgerowError], code: str,
+    status: int, expected: type[HedgerowError], client_status: int, code: str,
 ) -> None:
     """The operator's log gets the status and the body; the client's envelope neither."""
     def body(port: int) -> bytes:
@@ -358,7 +360,8 @@ async def test_a_non_200_answer_becomes_our_error_without_the_workers_words(
             await start_attempt(workers, worker, call, hedged=False, ttft_timeout_s=2.0)
         await workers.aclose()
     error = caught.value
-    assert (error.status, error.code) == (400 if expected is UpstreamRejected else 502, code)
+    assert type(error) is expected
+    assert (error.status, error.code) == (client_status, code)
     detail: str = error.detail  # type: ignore[attr-defined]
     assert f"answered {status}" in detail and SECRET in detail  # for the operator
     public = str(error.envelope())
