@@ -32,7 +32,6 @@ for the default case) on one HTTPS connection, then the tree is read:
 from __future__ import annotations
 
 import logging
-import socket
 import ssl
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ import orjson
 import yaml
 
 from bench.procstat import PROC, process_tree, rss_mb
-from bench.stack import Stack, free_port, wait_for
+from bench.stack import Stack, free_port, free_port_run, wait_for
 from gateway.edge.processes import default_processes
 
 log = logging.getLogger("hedgerow.bench")
@@ -98,26 +97,6 @@ def _ask(http: httpx.Client, question: str) -> None:
         raise RuntimeError(f"{reply.status_code}: {reply.text[:200]}")
 
 
-def _free_port_run(count: int) -> int:
-    """A first port with the ``count - 1`` after it free too (admin ports of N processes)."""
-    for _ in range(50):
-        first = free_port()
-        if first + count - 1 > 65535:
-            continue
-        probes = []
-        try:
-            for port in range(first, first + count):
-                probe = socket.socket()
-                probes.append(probe)
-                probe.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for probe in probes:
-                probe.close()
-    raise RuntimeError(f"no {count} consecutive free ports")
-
 
 def measure_case(name: str, workdir: Path, requests: int) -> dict[str, Any]:
     root = workdir / name
@@ -132,7 +111,7 @@ def measure_case(name: str, workdir: Path, requests: int) -> dict[str, Any]:
         # as a plain ``hedgerow gateway`` runs on this host (a supervisor, N
         # processes and the one sidecar they share; admin ports admin_port + i).
         processes = default_processes() if name in ALL_CORES else 1
-        admin_port = free_port() if processes == 1 else _free_port_run(processes)
+        admin_port = free_port() if processes == 1 else free_port_run(processes)
         gateway = stack.start_gateway("--policy", str(policy), "--admin-port", str(admin_port),
                                       "--processes", str(processes))
         admin = httpx.Client(base_url=f"https://127.0.0.1:{admin_port}", timeout=5,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 import orjson
 
 from bench.procstat import cpu_seconds
-from bench.stack import Stack, free_port, scrape_metrics, wait_for
+from bench.stack import Stack, free_port_run, scrape_metrics, wait_for
 from bench.throughput import (H2loadResult, ThroughputPlan, h2load_binary, hit_body, prime,
                               run_h2load, throughput_policy)
 
@@ -52,18 +51,6 @@ FULL = ProcessesPlan(requests=8000)
 def processes(quick: bool, workdir: Path) -> dict[str, Any]:
     return measure_processes(workdir, QUICK if quick else FULL)
 
-
-def _admin_ports() -> int:
-    """A port whose next one is free too (process i's admin is at port + i)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def measure_processes(workdir: Path, plan: ProcessesPlan) -> dict[str, Any]:
@@ -87,7 +74,7 @@ def measure_processes(workdir: Path, plan: ProcessesPlan) -> dict[str, Any]:
                            "--sim-prefill-ms-per-token", "0.1", "--sim-decode-ms-per-token", "1",
                            "--sim-jitter", "0", "--sim-seed", "1")
         for count in plan.counts:
-            admin = _admin_ports()
+            admin = free_port_run(2)
             gateway = stack.start_gateway("--policy", str(workdir / "policy.yaml"),
                                           "--processes", str(count), "--admin-port", str(admin),
                                           "--host", "127.0.0.1")

@@ -44,6 +44,28 @@ def free_port() -> int:
     raise RuntimeError("no port free on both TCP and UDP")
 
 
+def free_port_run(count: int) -> int:
+    """A TCP port with the ``count - 1`` after it free too: the admin ports of
+    ``hedgerow gateway --processes count`` (process i at the first + i)."""
+    for _ in range(50):
+        first = free_port()
+        if first + count - 1 > 65535:
+            continue
+        probes: list[socket.socket] = []
+        try:
+            for port in range(first + 1, first + count):
+                probe = socket.socket()
+                probes.append(probe)
+                probe.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
 def wait_for(predicate: Any, what: str, timeout: float = START_TIMEOUT_S) -> Any:
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None

@@ -33,9 +33,12 @@ class CachedAnswers(Flights):
         if cache is None:
             return None
         headers = request.scope["headers"]
-        # As asked and as resolved: an alias may differ from its model in opt-in.
+        # As asked and, where routing resolved another model, as resolved: an
+        # alias may differ from its model in opt-in.
         if not (cacheable(asked.tenant, request_json, asked.policy)
-                and cacheable(asked.tenant, {**request_json, "model": asked.model}, asked.policy)):
+                and (asked.model == request_json.get("model")
+                     or cacheable(asked.tenant, {**request_json, "model": asked.model},
+                                  asked.policy))):
             self.metrics.cache_lookup("uncacheable")
             return None
         # Computed once, carried to the lookup, the flight and the store.

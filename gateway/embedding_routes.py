@@ -16,7 +16,7 @@ from typing import Any
 from gateway.corridor import embed_route
 from gateway.app_state import AppState
 from gateway.admin.metrics import RequestMetrics
-from gateway.request_terms import end_cut_request, require_json
+from gateway.request_terms import end_cut_request, require_json, tokens_in
 from gateway.admin.usage_metrics import policy_prices
 from hedgerow import embeddings_api, openai_api as oa
 from hedgerow.asgi import Request, send_json
@@ -101,7 +101,7 @@ class EmbeddingRoutes(AppState):
         check_model_allowed(identity.key, model)
         # No tokenizer for a model served elsewhere: about four characters a
         # token reserved now, the answer's own count settled at the end.
-        estimate = sum(max(1, len(text) // 4) for text in parsed.texts())
+        estimate = sum(tokens_in(text) for text in parsed.texts())
         await self.keys.admit(request.scope["hedgerow.request_id"], identity, policy, model,
                               estimate, 0)
         refusal = await self.scheduler.charge_request(identity.tenant, policy)

@@ -105,13 +105,22 @@ def answer_headers(request_id: str, worker_id: str | None, cache: bytes,
 DEFAULT_OUTPUT_ESTIMATE = 256
 
 
+CHARS_PER_TOKEN = 4
+
+
+def tokens_in(text: str) -> int:
+    """About four characters a token, at least one: an estimate to admit and route
+    by where no tokenizer is at hand (the answer's usage settles the real count)."""
+    return max(1, len(text) // CHARS_PER_TOKEN)
+
+
 def estimate_prompt_tokens(parsed: oa.ChatCompletionRequest | oa.CompletionRequest) -> int:
-    """About four characters a token: good enough to admit and route by."""
+    """``tokens_in`` the prompt (each chat message's text plus ~2 tokens of framing)."""
     if isinstance(parsed, oa.ChatCompletionRequest):
         chars = sum(len(m.text()) + 8 for m in parsed.messages)
     else:
         chars = len(parsed.prompt)
-    return max(1, chars // 4)
+    return max(1, chars // CHARS_PER_TOKEN)
 
 
 def prefix_key(model: str, parsed: oa.ChatCompletionRequest | oa.CompletionRequest) -> str | None:

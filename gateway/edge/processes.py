@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gateway.edge.sockets import open_listening_socket
+
 if TYPE_CHECKING:
     from gateway.cache.shared_embedder import SharedSidecar
 
@@ -154,14 +156,16 @@ def _bind_groups(hosts: Sequence[str], port: int, count: int, quic: bool,
             if groups.port:
                 _refuse_if_taken(host, groups.port, socket.SOCK_STREAM)
             for _ in range(count):
-                tcp.append(_reuseport_socket(host, groups.port, socket.SOCK_STREAM, backlog))
+                tcp.append(open_listening_socket(host, groups.port, socket.SOCK_STREAM, backlog,
+                                                 reuseport=True))
                 groups.port = tcp[0].getsockname()[1]
         for host in hosts if quic else ():
             udp: list[socket.socket] = []
             groups.udp.append(udp)
             _refuse_if_taken(host, groups.port, socket.SOCK_DGRAM)
             for _ in range(count):
-                udp.append(_reuseport_socket(host, groups.port, socket.SOCK_DGRAM, backlog))
+                udp.append(open_listening_socket(host, groups.port, socket.SOCK_DGRAM, backlog,
+                                                 reuseport=True))
             if count > 1:
                 try:
                     attach_steering(udp[0], count)
@@ -193,26 +197,6 @@ def _refuse_if_taken(host: str, port: int, kind: socket.SocketKind) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind((host, port))
 
-
-def _reuseport_socket(host: str, port: int, kind: socket.SocketKind,
-                      backlog: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    proto = socket.IPPROTO_TCP if kind == socket.SOCK_STREAM else socket.IPPROTO_UDP
-    sock = socket.socket(family, kind, proto)
-    try:
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if kind == socket.SOCK_STREAM:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((host, port))
-        if kind == socket.SOCK_STREAM:
-            sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 # --- the child's side ------------------------------------------------------
@@ -326,7 +310,7 @@ class Supervisor:
         self.stopping_since: float | None = None
         self.status = 0
 
-    def start(self, child: _Child) -> None:
+    def start(self, child: _Child, now: float) -> None:
         tcp, udp = self.groups.for_child(child.index)
         read, write = os.pipe()
         sidecar = self.sidecar
@@ -345,7 +329,7 @@ class Supervisor:
             os.close(write)
         os.set_blocking(read, False)
         child.ready_read, child.ready = read, False
-        child.started_at, child.restart_at = time.monotonic(), None
+        child.started_at, child.restart_at = now, None
         log.info("gateway process %d of %d started (pid %d)", child.index, self.count,
                  child.process.pid)
 
@@ -375,7 +359,7 @@ class Supervisor:
                 if (self.stopping_since is None and child.restart_at is not None
                         and now >= child.restart_at):
                     try:
-                        self.start(child)
+                        self.start(child, now)
                     except OSError as error:  # no fork, pipe or memory now: later
                         child.restart_at = now + RESTART_BACKOFF_S[-1]
                         log.error("gateway process %d could not be restarted (%s); "
@@ -428,9 +412,9 @@ class Supervisor:
             os.close(child.ready_read)
             child.ready_read = None
 
-    def start_all(self) -> None:
+    def start_all(self, now: float) -> None:
         for child in self.children:
-            self.start(child)
+            self.start(child, now)
 
     def pids(self) -> list[int | None]:
         return [c.process.pid if c.process is not None else None for c in self.children]
@@ -452,7 +436,7 @@ class Supervisor:
         previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum))
                     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         try:
-            self.start_all()
+            self.start_all(time.monotonic())
             while True:
                 while received:
                     signum = received.pop(0)

@@ -50,6 +50,7 @@ from hedgerow.connection_cap import ACTIVE_CAP, ConnectionCap
 from gateway.edge.h2_budget import H2Limits
 from gateway.edge.h2_guard import install_h2_guard
 from gateway.edge.quic_admission import QuicFrontDoor, QuicLimits
+from gateway.edge.sockets import open_listening_socket
 from gateway.edge.quic_cap import ACTIVE_QUIC_DOOR, install_quic_cap, screen_datagram
 from gateway.edge.write_coalescing import CoalescingWriter, install_write_coalescing
 from hedgerow.http_stack import accept_loop, eof, quic_connection, udp_server
@@ -311,12 +312,12 @@ def bind_listeners(config: Config) -> Listeners:
 def _bind_all(tcp_hosts: list[str], udp_hosts: list[str], port: int, backlog: int) -> Listeners:
     opened: list[socket.socket] = []
     try:
-        opened.append(_open_socket(tcp_hosts[0], port, socket.SOCK_STREAM, backlog))
+        opened.append(open_listening_socket(tcp_hosts[0], port, socket.SOCK_STREAM, backlog))
         port = opened[0].getsockname()[1]  # the kernel's pick, if port was 0
         for host in tcp_hosts[1:]:
-            opened.append(_open_socket(host, port, socket.SOCK_STREAM, backlog))
+            opened.append(open_listening_socket(host, port, socket.SOCK_STREAM, backlog))
         for host in udp_hosts:
-            opened.append(_open_socket(host, port, socket.SOCK_DGRAM, backlog))
+            opened.append(open_listening_socket(host, port, socket.SOCK_DGRAM, backlog))
     except BaseException:
         for sock in opened:
             sock.close()
@@ -324,32 +325,6 @@ def _bind_all(tcp_hosts: list[str], udp_hosts: list[str], port: int, backlog: in
     tcp = tuple(opened[: len(tcp_hosts)])
     return Listeners(port=port, tcp=tcp, udp=tuple(opened[len(tcp_hosts) :]))
 
-
-def _open_socket(host: str, port: int, kind: socket.SocketKind, backlog: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # An explicit proto matters: asyncio sets TCP_NODELAY on an accepted
-    # socket only if its proto is IPPROTO_TCP, and accepted sockets copy the
-    # listener's proto, which is 0 when left to default.
-    proto = socket.IPPROTO_TCP if kind == socket.SOCK_STREAM else socket.IPPROTO_UDP
-    sock = socket.socket(family, kind, proto)
-    try:
-        if family == socket.AF_INET6:
-            # So "::" and "0.0.0.0" can both be bound on one port.
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        if kind == socket.SOCK_STREAM:
-            # Only on TCP (restart over TIME_WAIT); on UDP it would let a
-            # second process bind the same port and steal datagrams.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            # Linux copies it to accepted sockets: a second guarantee.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((host, port))
-        if kind == socket.SOCK_STREAM:
-            sock.listen(backlog)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _bind_string(host: str, port: int) -> str:

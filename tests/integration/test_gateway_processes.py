@@ -34,7 +34,7 @@ from aioquic.h3.connection import H3_ALPN
 from aioquic.quic.configuration import QuicConfiguration
 
 from tests.support.h3client import _H3ClientProtocol, _send_request, h3_request
-from tests.support.stack import Stack, free_port, scrape_metrics, wait_for
+from tests.support.stack import Stack, free_port_run, scrape_metrics, wait_for
 from tests.support.streams import sse_data
 
 pytestmark = pytest.mark.e2e
@@ -45,17 +45,6 @@ SIM = ["--backend", "sim", "--sim-prefill-ms-per-token", "0.1",
        "--sim-decode-ms-per-token", "40", "--sim-jitter", "0"]
 
 
-def _two_free_ports() -> int:
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two consecutive free ports")
-
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
@@ -63,7 +52,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         stack.start_control_plane(lease_s=2.0)
         stack.start_worker("sim-2", *SIM, "--slots", str(SLOTS))
-        admin = _two_free_ports()
+        admin = free_port_run(2)
         # Every QUIC client is sent a Retry first: its next Initial, addressed to
         # the Retry's id, must reach the process whose key sealed the token.
         stack.start_gateway("--processes", "2", "--admin-port", str(admin),
@@ -384,7 +373,7 @@ def test_an_urgent_request_overtakes_work_queued_in_either_process(tmp_path: Any
         stack.start_worker("sim-1", "--backend", "sim", "--slots", "1",
                            "--sim-prefill-ms-per-token", "0.1",
                            "--sim-decode-ms-per-token", "60", "--sim-jitter", "0")
-        admin = _two_free_ports()
+        admin = free_port_run(2)
         stack.start_gateway("--policy", str(tmp_path / "policy.yaml"), "--processes", "2",
                             "--admin-port", str(admin), "--host", "127.0.0.1")
         wait_for(lambda: all(_requests(stack, i) >= 0 for i in (0, 1)), "both admin listeners")
@@ -457,7 +446,7 @@ def test_processes_sharing_one_identity_renew_it_one_at_a_time(tmp_path: Any) ->
         # joined with (several seconds on a busy machine).
         stack.start_control_plane(lease_s=2.0, cert_ttl_s=20)
         stack.start_worker("sim-r", *SIM, "--slots", "2")
-        stack.start_gateway("--processes", "2", "--admin-port", str(_two_free_ports()),
+        stack.start_gateway("--processes", "2", "--admin-port", str(free_port_run(2)),
                             "--host", "127.0.0.1", "--gateway-id", "gw-pair")
         identity = tmp_path / "state" / "identity-gateway-gw-pair"
         gateway = next(p for p in stack.procs if p.name == "gateway")
