@@ -14,7 +14,7 @@ import re
 from contextlib import aclosing
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import orjson
@@ -350,14 +350,47 @@ async def stream_until_disconnect(
     return await cancel_on_disconnect(request, pump)
 
 
+class DisconnectHook(Protocol):
+    """The server's ``hedgerow.disconnect`` scope extension
+    (``hedgerow.http_stack.disconnect_hook`` puts one in every hypercorn request):
+    ``callback`` runs in the event loop the moment the client leaves (at once
+    if it already has); the call returned unregisters it."""
+
+    def on_disconnect(self, callback: Callable[[], object]) -> Callable[[], None]: ...
+
+
+DISCONNECT_EXTENSION = "hedgerow.disconnect"
+
+
+def disconnect_hook(scope: Scope) -> DisconnectHook | None:
+    extensions = scope.get("extensions")
+    hook = extensions.get(DISCONNECT_EXTENSION) if extensions else None
+    return hook if hook is not None and hasattr(hook, "on_disconnect") else None
+
+
 async def cancel_on_disconnect(request: Request, work: Callable[[], Awaitable[None]]) -> bool:
-    """Run ``work``; cancel it the moment the client disconnects.
+    """Run ``work`` in this task; cancel it the moment the client disconnects.
 
     Use once the request body has been read. Returns False when the client
     left first. Cancelling the work is what stops upstream generation. An
     exception from ``work`` is re-raised as itself, not as a group.
+
+    Under a server that offers the ``hedgerow.disconnect`` extension (the
+    gateway's hypercorn, ``hedgerow.http_stack.disconnect_hook``) no task is
+    started: the server's callback cancels the work's scope. Elsewhere a
+    watcher task waits in ``receive()`` for ``http.disconnect``, as ASGI says.
     """
+    hook = disconnect_hook(request.scope)
     completed = False
+    if hook is not None:
+        with anyio.CancelScope() as scope:
+            forget = hook.on_disconnect(scope.cancel)
+            try:
+                await work()
+                completed = True
+            finally:
+                forget()
+        return completed
     error: Exception | None = None
     async with anyio.create_task_group() as tg:
 

@@ -5,7 +5,8 @@ the attempt, and races it against time: if no first token has come after the
 pool's hedge delay (its live TTFT quantile, within the policy's floor and
 ceiling) and the hedge budget allows, the same request starts on a second
 worker; the first attempt to produce a token wins and the other is cancelled,
-which closes its connection and stops its worker. An attempt that fails before
+which closes its connection and stops its worker. The primary runs in the
+caller's task; only the hedge, when one starts, gets a task of its own. An attempt that fails before
 its first token is retried on another worker (``retries.before_first_token``
 times), invisibly to the client; when no other worker is free, the request
 waits in its queue again, as it did for its first worker (shed at its
@@ -17,6 +18,7 @@ these calls can be lost to cancellation or wait behind other requests' calls.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -26,8 +28,6 @@ from typing import Any, Literal
 
 import anyio
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream as Receiver
-from anyio.streams.memory import MemoryObjectSendStream as Sender
 
 from gateway.corridor.attempt import Attempt, UpstreamCall, start_attempt
 from gateway.corridor.scheduler import Scheduler
@@ -54,7 +54,21 @@ class _Race:
     hedged: bool = False
     retries: int = 0
     winner: Attempt | None = None
+    rejected: bool = False  # the hedge was refused: no other worker is tried
     errors: list[HedgerowError] = field(default_factory=list)
+
+
+@dataclass
+class _Hedge:
+    """A race's hedge: the timer that starts it, and its end."""
+
+    timer: asyncio.TimerHandle | None = None
+    done: anyio.Event | None = None  # set when the hedge's task has ended
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 class Dispatcher:
@@ -82,27 +96,15 @@ class Dispatcher:
             raise
 
     async def first_token(self, ticket: Ticket, call: UpstreamCall) -> Attempt:
-        """The winning attempt. With no hedge possible, attempts (the primary, then
-        any retries) run one after another in the caller's task: no task group, no
-        channel, no message. A race opens only when a hedge may start."""
+        """The winning attempt. Attempts (the primary, then any retries) run one
+        after another in the caller's task: no channel, no message. A hedge, if
+        the hedge delay passes before a first token, is the only task started."""
         first = await self.assigned_worker(ticket)
         race = _Race(ticket, call, [first.registration.worker_id])
         hedge_at = self._hedge_at(ticket, first)
         if hedge_at == math.inf:
             return await self._one_at_a_time(race, first)
-        send, receive = anyio.create_memory_object_stream[AttemptResult](8)
-        async with send, receive:
-            try:
-                await self._run(race, first, hedge_at, send, receive)
-            except BaseException:  # the client left: even a winner must be closed now
-                await self._close_losers([*receive_leftovers(receive), *_present(race.winner)],
-                                         ticket.request_id)
-                raise
-            # A loser may have reached its first token just as the winner did.
-            await self._close_losers(receive_leftovers(receive), ticket.request_id)
-        if race.winner is not None:
-            return race.winner
-        raise _final_error(race.errors)
+        return await self._hedgeable(race, first, hedge_at)
 
     async def _one_at_a_time(self, race: _Race, worker: WorkerRecord) -> Attempt:
         kind: AttemptKind = "primary"
@@ -119,43 +121,94 @@ class Dispatcher:
             worker, kind = retry, "retry"
         raise _final_error(race.errors)
 
-    async def _run(self, race: _Race, first: WorkerRecord, hedge_at: float,
-                   send: Sender[AttemptResult], receive: Receiver[AttemptResult]) -> None:
-        async with anyio.create_task_group() as tg:
-            self._launch(tg, race, first, send, kind="primary")
-            while race.running:
-                result = await self._next_result(race, receive, hedge_at)
-                if result is None:  # hedge time came first
-                    self._hedge(tg, race, send)
-                    continue
-                race.running -= 1
-                if isinstance(result, Attempt):
+    async def _hedgeable(self, race: _Race, first: WorkerRecord, hedge_at: float) -> Attempt:
+        """As ``_one_at_a_time``, with a timer armed while an attempt runs: when it
+        fires (the hedge delay passed, no first token), the hedge starts in a task
+        of its own -- the only task a race ever adds. The first attempt to reach
+        its first token wins; the other is cancelled, which closes its connection.
+        A retry waits until a running hedge has failed."""
+        loop = asyncio.get_running_loop()
+        inline = anyio.CancelScope()
+        hedge = _Hedge()
+        try:
+            async with anyio.create_task_group() as tg:
+
+                def hedge_now() -> None:
+                    hedge.timer = None
+                    if not race.hedged and race.winner is None and race.running:
+                        self._hedge(tg, race, hedge, inline)
+
+                worker = first
+                kind: AttemptKind = "primary"
+                with inline:
+                    while True:
+                        if not race.hedged:
+                            hedge.timer = loop.call_at(hedge_at, hedge_now)
+                        race.running += 1
+                        try:
+                            result = await self._try(race, worker, kind)
+                        finally:
+                            race.running -= 1
+                            hedge.disarm()
+                        if isinstance(result, Attempt):
+                            if race.winner is None:
+                                race.winner = result
+                            else:  # the hedge won in the same instant
+                                await self._close_losers([result], race.ticket.request_id)
+                            break
+                        race.errors.append(result)
+                        if isinstance(result, UpstreamRejected):
+                            break
+                        if hedge.done is not None:  # a running hedge may still win
+                            await hedge.done.wait()
+                            if race.winner is not None or race.rejected:
+                                break
+                        retry = await self._retry_worker(race)
+                        if retry is None:
+                            break
+                        worker, kind = retry, "retry"
+                # Won, given up, or cancelled by a hedge that won or was refused:
+                # a hedge still running has lost.
+                hedge.disarm()
+                tg.cancel_scope.cancel()
+        except BaseException:  # the client left: even a winner must be closed now
+            hedge.disarm()
+            await self._close_losers(_present(race.winner), race.ticket.request_id)
+            raise
+        if race.winner is not None:
+            return race.winner
+        raise _final_error(race.errors)
+
+    def _hedge(self, tg: TaskGroup, race: _Race, hedge: _Hedge, inline: anyio.CancelScope) -> None:
+        race.hedged = True
+        worker = self._reroute(race, hedge=True)
+        if isinstance(worker, WorkerRecord):  # a hedge is never queued
+            log.info("request %s: hedging on %s", race.ticket.request_id,
+                     worker.registration.worker_id)
+            race.tried.append(worker.registration.worker_id)
+            hedge.done = anyio.Event()
+            race.running += 1
+            tg.start_soon(self._hedge_attempt, race, worker, hedge, inline)
+
+    async def _hedge_attempt(self, race: _Race, worker: WorkerRecord, hedge: _Hedge,
+                             inline: anyio.CancelScope) -> None:
+        try:
+            result = await self._try(race, worker, "hedge")
+            if isinstance(result, Attempt):
+                if race.winner is None:
                     race.winner = result
-                    break
+                    inline.cancel()  # the primary (or its retry) lost
+                else:  # the primary won in the same instant
+                    await self._close_losers([result], race.ticket.request_id)
+            else:
                 race.errors.append(result)
-                if isinstance(result, UpstreamRejected):
-                    break
-                if race.running == 0:
-                    await self._retry(tg, race, send)
-            tg.cancel_scope.cancel()
-
-    def _launch(self, tg: TaskGroup, race: _Race, worker: WorkerRecord,
-                send: Sender[AttemptResult], *, kind: AttemptKind) -> None:
-        race.running += 1
-        tg.start_soon(self._attempt, race, worker, send.clone(), kind)
-
-    async def _attempt(self, race: _Race, worker: WorkerRecord,
-                       send: Sender[AttemptResult], kind: AttemptKind) -> None:
-        async with send:
-            result = await self._try(race, worker, kind)
-            try:
-                await send.send(result)
-            except BaseException:  # cancelled just as it got its first token: it lost
-                if isinstance(result, Attempt):
-                    result.span.set_attribute("hedgerow.attempt.outcome", "lost")
-                    with anyio.CancelScope(shield=True):
-                        await close_attempt(result, self, "abandoned", race.ticket.request_id)
-                raise
+                if isinstance(result, UpstreamRejected):  # another worker would say the same
+                    race.rejected = True
+                    inline.cancel()
+        finally:
+            race.running -= 1
+            assert hedge.done is not None
+            hedge.done.set()
 
     async def _try(self, race: _Race, worker: WorkerRecord, kind: AttemptKind) -> AttemptResult:
         """One attempt up to its first token; an error it ended with is returned
@@ -201,28 +254,6 @@ class Dispatcher:
             return math.inf
         delay = self.scheduler.hedge_delay(ticket.model, worker.registration.kind)
         return math.inf if delay is None else anyio.current_time() + delay
-
-    async def _next_result(self, race: _Race, receive: Receiver[AttemptResult],
-                           hedge_at: float) -> AttemptResult | None:
-        wait = math.inf if race.hedged else max(0.0, hedge_at - anyio.current_time())
-        with anyio.move_on_after(wait):
-            return await receive.receive()
-        return None
-
-    def _hedge(self, tg: TaskGroup, race: _Race, send: Sender[AttemptResult]) -> None:
-        race.hedged = True
-        worker = self._reroute(race, hedge=True)
-        if isinstance(worker, WorkerRecord):  # a hedge is never queued
-            log.info("request %s: hedging on %s", race.ticket.request_id,
-                     worker.registration.worker_id)
-            race.tried.append(worker.registration.worker_id)
-            self._launch(tg, race, worker, send, kind="hedge")
-
-    async def _retry(self, tg: TaskGroup, race: _Race,
-                     send: Sender[AttemptResult]) -> None:
-        worker = await self._retry_worker(race)
-        if worker is not None:
-            self._launch(tg, race, worker, send, kind="retry")
 
     async def _retry_worker(self, race: _Race) -> WorkerRecord | None:
         """The worker for a retry (waiting in the queue when none is free); None
@@ -292,15 +323,6 @@ def _attempt_ended(span: Any, outcome: str, error: BaseException | None = None) 
     if error is not None:
         tracing.failed(span, error)
     span.end()
-
-
-def receive_leftovers(receive: Receiver[AttemptResult]) -> list[AttemptResult]:
-    leftovers: list[AttemptResult] = []
-    while True:
-        try:
-            leftovers.append(receive.receive_nowait())
-        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-            return leftovers
 
 
 def _present(attempt: Attempt | None) -> list[AttemptResult]:

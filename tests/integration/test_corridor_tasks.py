@@ -3,9 +3,12 @@
 Every task the event loop creates while a request runs is counted (a task
 factory that records each coroutine's name), with the app called as an ASGI
 app by an in-memory client (its own task: the server's task for the request)
-over the fake workers of ``tests.support.fake_workers``. A plain streamed
-miss runs in its own task plus the generation's task and the disconnect
-watcher; a hedge or a retry adds a race only when one can start.
+over the fake workers of ``tests.support.fake_workers``. The client offers
+the ``hedgerow.disconnect`` extension, as the gateway's hypercorn does
+(``hedgerow.http_stack.disconnect_hook``). A plain streamed miss runs in its
+own task (the server's) plus one Hedgerow task, the generation; a retry runs
+where the primary did; a hedge adds one task, the hedge's attempt, and only
+when it starts.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from gateway.app import GatewayApp
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot
 from tests.integration.test_dispatch import make_policy, running
-from tests.support.asgi_client import Client, Gateway
+from tests.support.asgi_client import Client, Gateway, body
 from tests.support.fake_workers import Behaviour
 
 pytestmark = pytest.mark.anyio
@@ -74,16 +77,35 @@ async def streamed(gw: Gateway) -> tuple[Client, list[str]]:
     return client, made
 
 
-async def test_a_plain_streamed_miss_runs_in_its_own_task_plus_two() -> None:
-    async with gateway({"a": Behaviour(tokens=TOKENS)}, hedging={"enabled": False}) as gw:
+GENERATE = "gateway.flights.Flights._lead.<locals>.generate"
+HEDGE = "gateway.corridor.dispatch.Dispatcher._hedge_attempt"
+
+
+@pytest.mark.parametrize("hedging", [False, True], ids=["hedging-off", "hedging-on"])
+async def test_a_plain_streamed_miss_runs_in_its_own_task_plus_one(hedging: bool) -> None:
+    async with gateway({"a": Behaviour(tokens=TOKENS)}, hedging={"enabled": hedging}) as gw:
         await streamed(gw)  # warm: the pool's connection, lazily made state
         client, made = await streamed(gw)
     assert client.header("x-hedgerow-hedged") == "0"
-    # The request's own task (the server's), the generation beside its reader,
-    # and the watcher that notices the client leaving: the primary attempt runs
-    # in the generation's task, and nothing watches for abandonment.
-    assert len(made) == 3, made
-    assert sorted(made[1:]) == sorted(["gateway.flights.Flights._lead.<locals>.generate",
+    # The request's own task (the server's) and the generation beside its
+    # reader: the primary attempt runs in the generation's task (a hedge timer
+    # armed when hedging is on), nothing watches for abandonment, and the
+    # server's callback, not a task, notices the client leaving.
+    assert len(made) == 2, made
+    assert made[1:] == [GENERATE], made
+
+
+async def test_without_the_servers_hook_a_watcher_task_notices_the_client_leaving() -> None:
+    async with gateway({"a": Behaviour(tokens=TOKENS)}, hedging={"enabled": False}) as gw:
+        await streamed(gw)
+        with counting_tasks() as made:
+            client = gw.start(Client("POST", "/v1/chat/completions", body(),
+                                     headers=[(b"content-type", b"application/json")],
+                                     disconnect_hook=False))
+            with anyio.fail_after(5):
+                await client.finished.wait()
+    assert client.status == 200 and client.text() == "".join(TOKENS)
+    assert sorted(made[1:]) == sorted([GENERATE,
                                        "hedgerow.asgi.cancel_on_disconnect.<locals>.watch"]), made
 
 
@@ -93,7 +115,7 @@ async def test_a_streamed_miss_that_fails_over_retries_in_the_same_task() -> Non
                        retries={"before_first_token": 2}) as gw:
         await streamed(gw)
         client, made = await streamed(gw)
-    assert len(made) == 3, made  # the retry ran where the failed primary did
+    assert len(made) == 2, made  # the retry ran where the failed primary did
     assert len(gw.workers.calls) == 4 or client.header("x-hedgerow-worker") == "b"
 
 
@@ -104,9 +126,10 @@ async def test_a_hedged_streamed_miss_opens_its_race_only_for_the_hedge() -> Non
         # Route the primary to the slow worker: take b's slots while it is chosen.
         client, made = await hedged_once(gw)
     assert client.header("x-hedgerow-hedged") == "1", made
-    # The plain request's three, and the race: the primary's and the hedge's attempts.
-    assert len(made) == 5, made
-    assert made.count("gateway.corridor.dispatch.Dispatcher._attempt") == 2, made
+    # The plain request's two, and the hedge's attempt: the primary stayed in
+    # the generation's task.
+    assert len(made) == 3, made
+    assert sorted(made[1:]) == sorted([GENERATE, HEDGE]), made
 
 
 async def hedged_once(gw: Gateway) -> tuple[Client, list[str]]:

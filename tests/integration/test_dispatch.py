@@ -301,6 +301,45 @@ async def test_slow_first_token_is_hedged_after_the_delay_and_the_loser_is_cut_o
         assert stats["counters"]["hedges_started"] == 1
 
 
+async def test_a_primary_that_answers_after_the_hedge_started_wins_and_cuts_the_hedge_off(
+) -> None:
+    # The primary runs in the caller's task; the hedge, started by a timer, in
+    # its own. The primary answering first must cancel the hedge's task.
+    policy = make_policy(hedging={"floor_ms": 50, "ceiling_ms": 50})
+    behaviours = {"a": Behaviour(headers_after_s=0.25), "b": Behaviour(headers_after_s=3.0)}
+    async with running(policy, behaviours) as rig:
+        served = await rig.serve(rig.ticket())
+        assert_served_fully(served)
+        assert served.worker_id == "a" and not served.hedged
+        [hedge] = rig.workers.calls_to("b")
+        await wait_until(lambda: hedge.hung_up)
+        assert not hedge.completed
+        stats = await eventually_idle(rig)
+        assert stats["counters"]["hedges_started"] == 1
+
+
+async def test_a_primary_that_fails_while_the_hedge_runs_leaves_the_answer_to_the_hedge(
+) -> None:
+    # No retry while the hedge may still answer: the third worker is never asked.
+    policy = make_policy(hedging={"floor_ms": 50, "ceiling_ms": 50},
+                         retries={"before_first_token": 2})
+    behaviours = {"a": Behaviour(status=503, headers_after_s=0.15),
+                  "b": Behaviour(headers_after_s=0.3), "c": Behaviour()}
+    async with running(policy, behaviours) as rig:
+        # The scheduler spreads requests: ask until the primary went to a and
+        # the hedge to b (c, which answers at once, serves the others).
+        for _ in range(12):
+            ticket = rig.ticket()
+            served = await rig.serve(ticket)
+            if [c.worker_id for c in rig.workers.calls[-2:]] == ["a", "b"]:
+                break
+        else:
+            raise AssertionError(f"never placed on a, then hedged on b: {rig.workers.calls}")
+        assert_served_fully(served)
+        assert served.worker_id == "b" and served.hedged
+        await eventually_idle(rig)
+
+
 async def test_hedge_delay_follows_the_pools_live_ttft_quantile() -> None:
     policy = make_policy(hedging={"floor_ms": 20, "ceiling_ms": 2000, "min_samples": 5,
                                   "quantile": 0.95})

@@ -10,7 +10,8 @@ import anyio
 import orjson
 
 from gateway.app import GatewayApp
-from hedgerow.asgi import Message
+from hedgerow.asgi import DISCONNECT_EXTENSION, Message
+from hedgerow.http_stack.disconnect_hook import Disconnect
 from hedgerow.sse import SseEvent, SseParser
 from tests.support.fake_workers import FakeWorkers
 
@@ -22,6 +23,26 @@ def body(stream: bool = True, **extra: Any) -> bytes:
                          "messages": [{"role": "user", "content": "Count."}], **extra})
 
 
+class HangUp:
+    """The client hanging up: an event for ``receive()`` and, as the gateway's
+    hypercorn does (``hedgerow.http_stack.disconnect_hook``), the server's
+    ``hedgerow.disconnect`` callbacks fired at once."""
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.hook = Disconnect()
+
+    def set(self) -> None:
+        self.event.set()
+        self.hook.fire()
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+
+
 @dataclass
 class Client:
     """One ASGI connection: records what the app sent; can hang up or read slowly."""
@@ -31,16 +52,21 @@ class Client:
     request_body: bytes = b""
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     sent: list[Message] = field(default_factory=list)
-    hang_up: anyio.Event = field(default_factory=anyio.Event)
+    hang_up: HangUp = field(default_factory=HangUp)
     finished: anyio.Event = field(default_factory=anyio.Event)
     read_delay_s: float = 0.0  # each write takes this long to be accepted
     stuck: bool = False  # writes are never accepted
+    # The server offers the ``hedgerow.disconnect`` extension (as the gateway's
+    # hypercorn does); False: the app learns of a hang-up from ``receive()`` only.
+    disconnect_hook: bool = True
     _body_read: bool = False
 
     def scope(self) -> dict[str, Any]:
         path, _, query = self.path.partition("?")
+        extensions = {DISCONNECT_EXTENSION: self.hang_up.hook} if self.disconnect_hook else {}
         return {"type": "http", "method": self.method, "path": path, "headers": self.headers,
-                "query_string": query.encode(), "http_version": "1.1"}
+                "query_string": query.encode(), "http_version": "1.1",
+                "extensions": extensions}
 
     async def receive(self) -> Message:
         if not self._body_read:

@@ -1,0 +1,103 @@
+"""Tell the application its client left without a task awaiting ``receive()``.
+
+Changes: hypercorn's asyncio ``TaskGroup.spawn_app``
+(``hypercorn/asyncio/task_group.py``, hypercorn 0.18.0), which starts the
+ASGI app for one HTTP request (HTTP/1.1, HTTP/2 and HTTP/3 alike, from
+``HTTPStream.handle``) and returns the ``app_put`` that feeds the app's
+``receive()`` queue. Before the app starts, its scope gets the extension
+``scope["extensions"]["hedgerow.disconnect"]``: a ``Disconnect`` (below)
+that the returned ``app_put`` fires, synchronously, the moment hypercorn
+queues ``http.disconnect`` (the connection closed, or the HTTP/2 or HTTP/3
+stream was reset) -- before the message waits in the queue.
+
+Why: ASGI tells an app that its client left only through ``receive()``, so an
+app that writes a long stream needs a second task to sit in ``receive()``
+beside the one that writes: one task per streamed request that does nothing
+else (``hedgerow.asgi.cancel_on_disconnect`` had one). With the hook, the
+writer registers a callback (cancelling its own scope) and no task waits.
+``http.disconnect`` still reaches ``receive()`` as ASGI says. This adds a hook
+rather than fixing a bug; upstream it would be a server extension ASGI does
+not define yet, so no patch is prepared in ``docs/upstream/``.
+
+If the internals moved: ``PatchError`` at install when hypercorn's asyncio
+``TaskGroup`` has no ``spawn_app``; a ``spawn_app`` that stopped returning the
+queue's ``put`` would leave the hook unfired, which
+``tests/unit/test_http_stack_disconnect_hook.py`` catches on the pinned version
+(a client that closes mid-stream must cancel the app's work).
+
+Scope: process (every request of every hypercorn listener carries the
+extension; an app that does not read it is unaffected).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from hypercorn.asyncio.task_group import TaskGroup
+
+from hedgerow.http_stack.patch import wrap
+
+NAME = "disconnect_hook"
+EXTENSION = "hedgerow.disconnect"
+_DISCONNECTS = frozenset({"http.disconnect", "websocket.disconnect"})
+
+
+class Disconnect:
+    """One request's "the client left": a flag and the callbacks waiting for it.
+
+    Callbacks run synchronously in the event loop when the server learns of
+    the disconnect; one registered after it already happened runs at once.
+    """
+
+    __slots__ = ("happened", "_callbacks")
+
+    def __init__(self) -> None:
+        self.happened = False
+        self._callbacks: list[Callable[[], object]] = []
+
+    def on_disconnect(self, callback: Callable[[], object]) -> Callable[[], None]:
+        """Call ``callback`` when the client leaves; returns the unregistering call."""
+        if self.happened:
+            callback()
+            return _nothing
+        self._callbacks.append(callback)
+
+        def forget() -> None:
+            try:
+                self._callbacks.remove(callback)
+            except ValueError:
+                pass
+        return forget
+
+    def fire(self) -> None:
+        if self.happened:
+            return
+        self.happened = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+def _nothing() -> None:
+    return None
+
+
+def install() -> None:
+    """Idempotent."""
+
+    def make(original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def spawn_app(self: Any, app: Any, config: Any, scope: Any, *args: Any,
+                            **kwargs: Any) -> Any:
+            disconnect = Disconnect()
+            scope.setdefault("extensions", {})[EXTENSION] = disconnect
+            put = await original(self, app, config, scope, *args, **kwargs)
+
+            async def app_put(message: Any) -> None:
+                if message.get("type") in _DISCONNECTS:
+                    disconnect.fire()
+                await put(message)
+            return app_put
+        return spawn_app
+
+    wrap(TaskGroup, "spawn_app", make, patch=NAME)

@@ -1,0 +1,113 @@
+"""``http_stack.disconnect_hook``: a request's app learns that its client left
+through the ``hedgerow.disconnect`` scope extension, with no task of its own
+waiting in ``receive()``, over a real hypercorn connection."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import anyio
+import pytest
+
+from hedgerow.asgi import Request, cancel_on_disconnect, disconnect_hook
+from hedgerow.http_stack import applied
+from hedgerow.http_stack.disconnect_hook import Disconnect
+from hedgerow.serving import serve_internal
+
+pytestmark = pytest.mark.anyio
+REQUEST = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+class Streaming:
+    """An app that starts a response, then writes nothing until cancelled."""
+
+    def __init__(self) -> None:
+        self.started = anyio.Event()
+        self.ended = anyio.Event()
+        self.completed: bool | None = None
+        self.hooked = False
+        self.tasks_made: list[str] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()  # the (empty) body
+        request = Request(scope, receive, send)
+        self.hooked = disconnect_hook(scope) is not None
+        before = set(asyncio.all_tasks())
+
+        async def work() -> None:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"first", "more_body": True})
+            self.tasks_made = [t.get_name() for t in asyncio.all_tasks() - before]
+            self.started.set()
+            await anyio.sleep_forever()
+
+        try:
+            self.completed = await cancel_on_disconnect(request, work)
+        finally:
+            self.ended.set()
+
+
+def _read_first_then_close(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+        client.sendall(REQUEST)
+        answer = b""
+        while b"first" not in answer:
+            answer += client.recv(4096)
+    return answer
+
+
+async def test_a_client_that_closes_mid_stream_cancels_the_work_without_a_watcher_task() -> None:
+    app = Streaming()
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve_internal, app, "127.0.0.1", 0, shutdown)
+        assert applied()["disconnect_hook"] == ["TaskGroup.spawn_app"]
+        answer = await anyio.to_thread.run_sync(_read_first_then_close, port)
+        assert answer.startswith(b"HTTP/1.1 200")
+        with anyio.fail_after(3):  # unhooked and unwatched, it would wait forever
+            await app.ended.wait()
+        shutdown.set()
+    assert app.hooked
+    assert app.completed is False
+    assert app.tasks_made == []  # no watcher: the hook cancelled the work's scope
+
+
+async def test_without_the_extension_a_watcher_task_still_notices() -> None:
+    hung_up = anyio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await hung_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    request = Request({"type": "http", "headers": []}, receive, send)
+    async with anyio.create_task_group() as tg:
+        async def hang_up_soon() -> None:
+            await anyio.sleep(0.05)
+            hung_up.set()
+        tg.start_soon(hang_up_soon)
+        with anyio.fail_after(3):
+            assert await cancel_on_disconnect(request, anyio.sleep_forever) is False
+    with anyio.fail_after(1):
+        assert await cancel_on_disconnect(request, anyio.lowlevel.checkpoint) is True
+
+
+def test_a_callback_registered_after_the_disconnect_runs_at_once() -> None:
+    hook = Disconnect()
+    calls: list[str] = []
+    forget = hook.on_disconnect(lambda: calls.append("early"))
+    forget_late = hook.on_disconnect(lambda: calls.append("forgotten"))
+    forget_late()
+    hook.fire()
+    hook.fire()  # once only
+    hook.on_disconnect(lambda: calls.append("late"))
+    forget()
+    assert calls == ["early", "late"]
