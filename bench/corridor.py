@@ -12,7 +12,7 @@ and the relay into the stream log, plus the fake worker's own small cost
 
 Optional: the answer's length in tokens (default 3); ``app`` to drive the
 whole ``GatewayApp`` through an in-memory ASGI client (admission, the
-stream log, the reader writing SSE to the client, the disconnect watcher)
+stream log, the reader writing SSE to the client; the server's disconnect hook)
 instead of ``Generation`` alone; ``profile`` to print the top of a cProfile
 of the measured part. ``cpu_us_per_token`` is CPU per request over tokens.
 
@@ -108,6 +108,18 @@ SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
          "http_version": "1.1"}
 
 
+def _scope() -> dict[str, Any]:
+    """A request's scope; with the ``hedgerow.disconnect`` extension, as the
+    gateway's hypercorn gives it, in trees that have it."""
+    scope: dict[str, Any] = dict(SCOPE)
+    try:
+        from hedgerow.http_stack.disconnect_hook import EXTENSION, Disconnect
+    except ImportError:  # an older tree: its app watches receive() in a task
+        return scope
+    scope["extensions"] = {EXTENSION: Disconnect()}
+    return scope
+
+
 async def measure(total: int, streams: int, tokens: int = 3, app: bool = False,
                   profile: bool = False) -> dict[str, Any]:
     answer = Behaviour(tokens=tuple(f" w{i}" for i in range(tokens)))
@@ -132,7 +144,7 @@ async def measure(total: int, streams: int, tokens: int = 3, app: bool = False,
             async def one_through_app() -> None:
                 assert gateway is not None
                 client = _Client(client_body)
-                await gateway(dict(SCOPE), client.receive, client.send)
+                await gateway(_scope(), client.receive, client.send)
                 if client.status != 200 or not client.bytes:
                     raise RuntimeError(f"the app answered {client.status}")
 

@@ -19,6 +19,14 @@ case (``long_tokens``, 256: what each relayed token costs). Per-token CPU is
 the difference between the two cases' CPU per request, divided by the
 difference in tokens, so the per-request part cancels out.
 
+Two more targets serve the same stream themselves, for CPU only: the worker
+(measured while it is ``direct``) and ``floor`` (``bench.floor_server``: the
+gateway's own listener -- hypercorn, uvloop, TLS, every patch -- answering
+with a fixed worker-shaped stream and no corridor at all). Their CPU per
+request and per token (``worker_*``, ``floor_*``) is what the HTTP server and
+TLS cost in Python before any proxying; Hedgerow minus floor is what the
+corridor and the upstream hop add.
+
 Reported: TTFT p50/p99 per target at the highest concurrency (and per level
 under ``by_streams``), each proxy's added latency (target minus direct), the
 CPU each proxy's processes spent per request from the kernel's accounting
@@ -48,6 +56,7 @@ import anyio
 
 from bench.loadgen import (ClosedLoop, HttpClients, RequestSpec, Target, http_version_from_env,
                            run_load)
+from bench.floor_server import start_floor_server
 from bench.nginx import nginx_binary, start_nginx
 from bench.procstat import cpu_seconds, own_cpu_seconds, rss_mb
 from bench.records import RequestRecord
@@ -55,8 +64,10 @@ from bench.stack import Stack
 from bench.stats import percentile, tally
 
 MODEL = "smollm2-135m-instruct"
-TARGETS: tuple[str, ...] = ("direct", "hedgerow", "nginx")
+TARGETS: tuple[str, ...] = ("direct", "hedgerow", "nginx", "floor")
 PROXIES: tuple[str, ...] = ("hedgerow", "nginx")
+# Targets that serve the stream themselves, and the name their CPU is reported under.
+SERVERS: dict[str, str] = {"direct": "worker", "floor": "floor"}
 PROMPT = "Repeat after me: the hedge is green and tall."
 
 
@@ -126,7 +137,7 @@ def measure_overhead(workdir: Path, plan: OverheadPlan) -> dict[str, Any]:
     stack = Stack(workdir)
     try:
         stack.start_control_plane()
-        worker_url = _start_fixed_worker(stack, plan)
+        worker_url, worker_pid = _start_fixed_worker(stack, plan)
         gateway = stack.start_gateway("--policy", str(workdir / "policy.yaml"))
         tls_dir = workdir / "state" / "tls"
         upstream_tls = None if stack.insecure else stack.admin_identity
@@ -134,14 +145,23 @@ def measure_overhead(workdir: Path, plan: OverheadPlan) -> dict[str, Any]:
                                        tls_dir / "cert.pem", tls_dir / "key.pem",
                                        upstream_tls=upstream_tls)
         stack.procs.append(nginx)
+        floor, floor_url = start_floor_server(
+            workdir / "floor", tls_dir / "cert.pem", tls_dir / "key.pem",
+            prefill_ms=plan.prefill_ms_per_token * 13,  # the prompts' ~13 tokens
+            decode_ms=plan.decode_ms_per_token)
+        stack.procs.append(floor)
         http = http_version_from_env()
         direct = Target(worker_url, request_timeout_s=120.0,
                         ca_file=None if stack.insecure else stack.cluster_ca,
                         client_identity=upstream_tls, check_hostname=False)
         targets = {"direct": direct,
                    "hedgerow": Target(stack.gateway_url, http, stack.ca_cert, request_timeout_s=120.0),
-                   "nginx": Target(nginx_url, http, stack.ca_cert, request_timeout_s=120.0)}
-        pids = {"hedgerow": gateway.popen.pid, "nginx": nginx.popen.pid}
+                   "nginx": Target(nginx_url, http, stack.ca_cert, request_timeout_s=120.0),
+                   "floor": Target(floor_url, http, stack.ca_cert, request_timeout_s=120.0)}
+        # The worker's own CPU while it is measured directly: what serving the same
+        # stream with hypercorn and TLS costs in Python, with no proxying at all.
+        pids = {"direct": worker_pid, "hedgerow": gateway.popen.pid, "nginx": nginx.popen.pid,
+                "floor": floor.popen.pid}
         measured, long = anyio.run(_measure_all, targets, pids, plan)
         summary = summarize_overhead(measured, plan, http)
         if long:
@@ -159,15 +179,16 @@ def measure_overhead(workdir: Path, plan: OverheadPlan) -> dict[str, Any]:
     return summary
 
 
-def _start_fixed_worker(stack: Stack, plan: OverheadPlan) -> str:
+def _start_fixed_worker(stack: Stack, plan: OverheadPlan) -> tuple[str, int]:
+    """The simulated worker's URL and process id."""
     slots = 2 * plan.top_concurrency + 8  # never queue inside the worker
-    stack.start_worker("sim-fixed", "--backend", "sim", "--slots", str(slots),
+    proc = stack.start_worker("sim-fixed", "--backend", "sim", "--slots", str(slots),
                        "--sim-prefill-ms-per-token", str(plan.prefill_ms_per_token),
                        "--sim-decode-ms-per-token", str(plan.decode_ms_per_token),
                        "--sim-jitter", "0", "--sim-seed", "1")
     record = stack.worker("sim-fixed")
     assert record is not None, "the worker registered but is not listed"
-    return str(record["registration"]["url"]).rstrip("/")
+    return str(record["registration"]["url"]).rstrip("/"), proc.popen.pid
 
 
 def unique_prompt_factory(max_tokens: int) -> Callable[[int, random.Random], RequestSpec]:
@@ -265,6 +286,13 @@ def summarize_level(level: Mapping[str, Measured]) -> dict[str, Any]:
                                                            direct[f"ttft_{q}_ms"])
         requests = len(level[proxy].records)
         summary[f"{proxy}_cpu_ms_per_request"] = round(1000 * level[proxy].cpu_s / max(1, requests), 3)
+    # What serving the stream costs with no proxying at all: the worker (hypercorn,
+    # TLS, its simulated generation) and the floor server (the gateway's own
+    # listener, no corridor: ``bench.floor_server``).
+    for target, name in SERVERS.items():
+        if target in level:
+            summary[f"{name}_cpu_ms_per_request"] = round(
+                1000 * level[target].cpu_s / max(1, len(level[target].records)), 3)
     return summary
 
 
@@ -292,6 +320,18 @@ def summarize_long(short: MeasuredByLevel, long: MeasuredByLevel,
                 for q in ("p50", "p99"):
                     row[f"{proxy}_added_{q}_ms"] = short_level[f"{proxy}_added_{q}_ms"]
         if short_level is not None:
+            for name in SERVERS.values():
+                key = f"{name}_cpu_ms_per_request"
+                if key not in short_level or key not in by_streams[str(concurrency)]:
+                    continue
+                row[key] = short_level[key]
+                row[f"{name}_cpu_us_per_token"] = round(
+                    1000 * (by_streams[str(concurrency)][key] - short_level[key])
+                    / max(1, extra_tokens), 3)
+                row[f"{name}_cpu_per_request_vs_nginx"] = _ratio(
+                    row[key], row["nginx_cpu_ms_per_request"])
+                row[f"{name}_cpu_per_token_vs_nginx"] = _ratio(
+                    row[f"{name}_cpu_us_per_token"], row["nginx_cpu_us_per_token"])
             row["cpu_per_request_vs_nginx"] = _ratio(row["hedgerow_cpu_ms_per_request"],
                                                      row["nginx_cpu_ms_per_request"])
             row["cpu_per_token_vs_nginx"] = _ratio(row["hedgerow_cpu_us_per_token"],

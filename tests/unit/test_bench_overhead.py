@@ -26,8 +26,8 @@ def records(ttfts_ms: list[float]) -> list[RequestRecord]:
 
 
 def level(direct: list[float], hedgerow: list[float], nginx_ms: list[float],
-          cpu_s: tuple[float, float]) -> dict[str, Measured]:
-    return {"direct": Measured(records(direct)),
+          cpu_s: tuple[float, float], worker_cpu_s: float = 0.0) -> dict[str, Measured]:
+    return {"direct": Measured(records(direct), cpu_s=worker_cpu_s),
             "hedgerow": Measured(records(hedgerow), cpu_s=cpu_s[0]),
             "nginx": Measured(records(nginx_ms), cpu_s=cpu_s[1])}
 
@@ -47,8 +47,9 @@ def test_added_latency_is_proxy_minus_direct_at_the_top_concurrency() -> None:
 
 
 def test_long_answers_give_cpu_per_relayed_token_next_to_nginx() -> None:
-    short = {1: level([5.0] * 10, [6.0] * 10, [5.5] * 10, (0.02, 0.01))}  # 2 and 1 ms a request
-    long = {1: level([5.0] * 10, [6.0] * 10, [5.5] * 10, (0.12, 0.03))}  # 12 and 3 ms
+    short = {1: level([5.0] * 10, [6.0] * 10, [5.5] * 10, (0.02, 0.01),
+                      worker_cpu_s=0.015)}  # 2, 1 and (the worker, direct) 1.5 ms a request
+    long = {1: level([5.0] * 10, [6.0] * 10, [5.5] * 10, (0.12, 0.03), worker_cpu_s=0.04)}
     plan = OverheadPlan(rounds=1, levels=((1, 10),), long_levels=((1, 10),), max_tokens=8,
                         long_tokens=258)
     row = summarize_long(short, long, plan)["side_by_side"]["1"]
@@ -56,6 +57,11 @@ def test_long_answers_give_cpu_per_relayed_token_next_to_nginx() -> None:
     assert row["hedgerow_cpu_us_per_token"] == 40.0 and row["nginx_cpu_us_per_token"] == 8.0
     assert row["cpu_per_token_vs_nginx"] == 5.0 and row["cpu_per_request_vs_nginx"] == 2.0
     assert row["hedgerow_added_p50_ms"] == 1.0 and row["nginx_added_p50_ms"] == 0.5
+    # The worker serving the stream itself: 1.5 ms a request, (4 - 1.5) / 250 = 10 us a token.
+    assert row["worker_cpu_ms_per_request"] == 1.5 and row["worker_cpu_us_per_token"] == 10.0
+    assert row["worker_cpu_per_request_vs_nginx"] == 1.5
+    assert row["worker_cpu_per_token_vs_nginx"] == 1.25
+    assert "floor_cpu_ms_per_request" not in row  # not measured in this run
     assert plan.top_concurrency == 1
 
 
