@@ -376,11 +376,15 @@ async def cancel_on_disconnect(request: Request, work: Callable[[], Awaitable[No
     exception from ``work`` is re-raised as itself, not as a group.
 
     Under a server that offers the ``hedgerow.disconnect`` extension (the
-    gateway's hypercorn, ``hedgerow.http_stack.disconnect_hook``) no task is
-    started: the server's callback cancels the work's scope. Elsewhere a
-    watcher task waits in ``receive()`` for ``http.disconnect``, as ASGI says.
+    gateway's hypercorn, ``hedgerow.http_stack.disconnect_hook``) and once the
+    body has been read to its end, no task is started: the server's callback
+    cancels the work's scope. Otherwise a watcher task waits in ``receive()``
+    for ``http.disconnect``, as ASGI says -- and drains a body nobody read
+    (``GET …/events`` with a body): hypercorn's queue for it holds ten
+    messages, and a full one stops hypercorn reading the connection (for
+    HTTP/3, the whole QUIC listener), so the close would never be seen.
     """
-    hook = disconnect_hook(request.scope)
+    hook = disconnect_hook(request.scope) if request.body_done else None
     completed = False
     if hook is not None:
         with anyio.CancelScope() as scope:

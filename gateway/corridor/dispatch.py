@@ -133,10 +133,14 @@ class Dispatcher:
         try:
             async with anyio.create_task_group() as tg:
 
-                def hedge_now() -> None:
+                def hedge_now() -> None:  # a loop callback: nothing may escape it
                     hedge.timer = None
                     if not race.hedged and race.winner is None and race.running:
-                        self._hedge(tg, race, hedge, inline)
+                        try:
+                            self._hedge(tg, race, hedge, inline)
+                        except Exception:
+                            log.exception("request %s: the hedge could not start; the "
+                                          "primary goes on alone", race.ticket.request_id)
 
                 worker = first
                 kind: AttemptKind = "primary"
@@ -188,7 +192,14 @@ class Dispatcher:
             race.tried.append(worker.registration.worker_id)
             hedge.done = anyio.Event()
             race.running += 1
-            tg.start_soon(self._hedge_attempt, race, worker, hedge, inline)
+            try:
+                tg.start_soon(self._hedge_attempt, race, worker, hedge, inline)
+            except BaseException:  # its slot was taken: give it back, and wait for nothing
+                race.running -= 1
+                race.tried.pop()
+                hedge.done.set()
+                self.report(worker.registration.worker_id, "abandoned")
+                raise
 
     async def _hedge_attempt(self, race: _Race, worker: WorkerRecord, hedge: _Hedge,
                              inline: anyio.CancelScope) -> None:

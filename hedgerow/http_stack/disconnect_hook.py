@@ -7,8 +7,12 @@ ASGI app for one HTTP request (HTTP/1.1, HTTP/2 and HTTP/3 alike, from
 ``receive()`` queue. Before the app starts, its scope gets the extension
 ``scope["extensions"]["hedgerow.disconnect"]``: a ``Disconnect`` (below)
 that the returned ``app_put`` fires, synchronously, the moment hypercorn
-queues ``http.disconnect`` (the connection closed, or the HTTP/2 or HTTP/3
-stream was reset) -- before the message waits in the queue.
+queues ``http.disconnect`` (the connection closed, or an HTTP/2 stream was
+reset) -- before the message waits in the queue. Hypercorn 0.18 never tells
+an HTTP/3 request that its client left (its ``H3Protocol`` does not turn a
+QUIC stream reset into ``StreamClosed``), with or without this hook: such a
+reader ends when its writes stall (``streams.write_stall_ms``) or its stream
+does.
 
 Why: ASGI tells an app that its client left only through ``receive()``, so an
 app that writes a long stream needs a second task to sit in ``receive()``

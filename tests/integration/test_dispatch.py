@@ -13,6 +13,8 @@ scheduler's own statistics. No sockets, no model; small real delays.
 
 from __future__ import annotations
 
+import asyncio
+
 import copy
 import itertools
 import time
@@ -338,6 +340,28 @@ async def test_a_primary_that_fails_while_the_hedge_runs_leaves_the_answer_to_th
         assert_served_fully(served)
         assert served.worker_id == "b" and served.hedged
         await eventually_idle(rig)
+
+
+# anyio made the hedge's coroutine before it found it could not spawn it.
+@pytest.mark.filterwarnings("ignore:coroutine 'Dispatcher._hedge_attempt' was never awaited")
+def test_a_hedge_that_cannot_start_gives_its_slot_back_and_the_request_goes_on() -> None:
+    # The hedge starts from a timer callback. Under plain asyncio (no anyio.run:
+    # no sniffio context in the callback) anyio cannot spawn it there; the
+    # worker slot taken for it must come back, and the primary's failure must
+    # still be retried instead of waiting for a hedge that never ran.
+    async def main() -> tuple[Served, dict[str, Any], list[str]]:
+        policy = make_policy(hedging={"floor_ms": 50, "ceiling_ms": 50},
+                             retries={"before_first_token": 2})
+        behaviours = {"a": Behaviour(status=503, headers_after_s=0.15), "b": Behaviour()}
+        async with running(policy, behaviours) as rig:
+            with anyio.fail_after(3):
+                served = await rig.serve(rig.ticket())
+            return served, await eventually_idle(rig), [c.worker_id for c in rig.workers.calls]
+
+    served, stats, calls = asyncio.run(main())
+    assert_served_fully(served)
+    assert served.worker_id == "b" and calls == ["a", "b"]  # a's failure retried on b
+    assert stats["inflight"] == {}
 
 
 async def test_hedge_delay_follows_the_pools_live_ttft_quantile() -> None:

@@ -18,12 +18,17 @@ from hedgerow.serving import serve_internal
 
 pytestmark = pytest.mark.anyio
 REQUEST = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+# A GET with a body of 30 chunks, three times what hypercorn queues for an app.
+CHUNKED = (b"GET / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+           + b"".join(b"1\r\na\r\n" for _ in range(30)))
 
 
 class Streaming:
-    """An app that starts a response, then writes nothing until cancelled."""
+    """An app that starts a response, then writes nothing until cancelled;
+    ``read_body=False``: it never reads the request's body (as ``GET …/events``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_body: bool = True) -> None:
+        self.read_body = read_body
         self.started = anyio.Event()
         self.ended = anyio.Event()
         self.completed: bool | None = None
@@ -33,8 +38,9 @@ class Streaming:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        await receive()  # the (empty) body
-        request = Request(scope, receive, send)
+        if self.read_body:
+            await receive()  # the (empty) body, read to its end
+        request = Request(scope, receive, send, body_done=self.read_body)
         self.hooked = disconnect_hook(scope) is not None
         before = set(asyncio.all_tasks())
 
@@ -52,9 +58,9 @@ class Streaming:
             self.ended.set()
 
 
-def _read_first_then_close(port: int) -> bytes:
+def _read_first_then_close(port: int, request: bytes = REQUEST) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
-        client.sendall(REQUEST)
+        client.sendall(request)
         answer = b""
         while b"first" not in answer:
             answer += client.recv(4096)
@@ -75,6 +81,23 @@ async def test_a_client_that_closes_mid_stream_cancels_the_work_without_a_watche
     assert app.hooked
     assert app.completed is False
     assert app.tasks_made == []  # no watcher: the hook cancelled the work's scope
+
+
+async def test_a_client_that_sent_a_body_nobody_reads_is_still_noticed_when_it_leaves() -> None:
+    # The hook alone would never fire: nobody drains the body, hypercorn's queue
+    # for it fills at ten messages and hypercorn stops reading the connection.
+    # Until the body is read, the watcher task drains it.
+    app = Streaming(read_body=False)
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve_internal, app, "127.0.0.1", 0, shutdown)
+        answer = await anyio.to_thread.run_sync(_read_first_then_close, port, CHUNKED)
+        assert answer.startswith(b"HTTP/1.1 200")
+        with anyio.fail_after(3):
+            await app.ended.wait()
+        shutdown.set()
+    assert app.completed is False
+    assert app.tasks_made == ["hedgerow.asgi.cancel_on_disconnect.<locals>.watch"]
 
 
 async def test_without_the_extension_a_watcher_task_still_notices() -> None:
