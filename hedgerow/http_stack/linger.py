@@ -26,9 +26,12 @@ time with a body sent 1.2 s after the headers.
 Closes from other tasks (a drained HTTP/2 connection after its last
 END_STREAM, an HTTP/1.1 response without keep-alive, the keep-alive timer)
 do not linger: the client has sent its requests, and the reading task is
-still reading. An abuser cut for a flood keeps its connection at most
-``LINGER_MAX_S``, sending into a void; a cancelled connection task (server
-shutdown) stops lingering at once.
+still reading. Nor does a close sent inside ``at_once()``: the HTTP/2
+guard's cut of a flood (``gateway.edge.h2_guard``), whose sender is not
+owed an answer and whose further bytes would only cost decryption. Any
+other cut client keeps its connection at most ``LINGER_MAX_S``, sending
+into a void; a cancelled connection task (server shutdown) stops lingering
+at once.
 
 If the internals moved: ``PatchError`` at install when ``TCPServer`` has no
 ``_read_data``, ``protocol_send`` or ``_close``; ``reader`` is read from the
@@ -41,7 +44,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from hypercorn.asyncio.tcp_server import MAX_RECV, TCPServer
@@ -51,11 +56,15 @@ from hedgerow.http_stack.patch import require, wrap
 
 NAME = "linger"
 _READER_TASK = "_hedgerow_reader_task"
+_AT_ONCE: ContextVar[bool] = ContextVar("hedgerow_close_at_once", default=False)
 
 # A client that sends nothing for this long after the cut is taken to have
-# stopped (nginx: lingering_timeout 5 s); the TLS close then waits
-# TLS_SHUTDOWN_TIMEOUT_S more for its close_notify.
-LINGER_IDLE_S = 5.0
+# stopped; the TLS close then waits TLS_SHUTDOWN_TIMEOUT_S more for its
+# close_notify. A client stalled up to their sum (3 s, was 1 s) between two
+# writes still reads the refusal; one that waits for the server to close
+# instead of closing after the GOAWAY or the 4xx waits as long (nginx's
+# lingering_timeout is 5 s; shorter here: every second a cut abuser holds).
+LINGER_IDLE_S = 2.0
 # However much it keeps sending, a cut client is closed after this long
 # (nginx: lingering_time 30 s; shorter here: a cut is often an abuser's).
 LINGER_MAX_S = 10.0
@@ -75,7 +84,7 @@ def install() -> None:
     def make_protocol_send(original: Callable[..., Awaitable[None]]
                            ) -> Callable[..., Awaitable[None]]:
         async def protocol_send(self: Any, event: Any, *args: Any, **kwargs: Any) -> None:
-            if (isinstance(event, Closed)
+            if (isinstance(event, Closed) and not _AT_ONCE.get()
                     and getattr(self, _READER_TASK, None) is asyncio.current_task()):
                 await linger(self.reader, LINGER_IDLE_S, LINGER_MAX_S)
             await original(self, event, *args, **kwargs)
@@ -83,6 +92,16 @@ def install() -> None:
 
     wrap(TCPServer, "_read_data", make_read_data, patch=NAME)
     wrap(TCPServer, "protocol_send", make_protocol_send, patch=NAME)
+
+
+@contextmanager
+def at_once() -> Iterator[None]:
+    """A ``Closed`` the protocol sends in here closes without lingering."""
+    token = _AT_ONCE.set(True)
+    try:
+        yield
+    finally:
+        _AT_ONCE.reset(token)
 
 
 async def linger(reader: asyncio.StreamReader, idle_s: float, max_s: float) -> None:
