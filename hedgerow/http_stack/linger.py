@@ -1,13 +1,16 @@
 """A connection the server cuts lingers until its client has stopped sending.
 
 Changes: hypercorn's ``TCPServer._read_data`` and ``TCPServer.protocol_send``
-(``hypercorn/asyncio/tcp_server.py``, hypercorn 0.18.0). ``_read_data``
-notes the task reading the connection; when that task -- handling the
-client's bytes -- has the protocol end the connection (``Closed``: an HTTP/2
-GOAWAY for a protocol error or a flood, an HTTP/1.1 4xx for a malformed or
-oversized head), the client's further bytes are read and dropped until it
+(``hypercorn/asyncio/tcp_server.py``, hypercorn 0.18.0; ``_read_data`` is
+wrapped by ``eof`` too, the two wrappers chained). ``_read_data`` notes the
+task reading the connection; when that task -- handling the client's bytes
+-- has the protocol end the connection (``Closed``: an HTTP/2 GOAWAY for a
+protocol error such as a header list over its limit, an HTTP/1.1 4xx for a
+malformed or oversized head), the client's further bytes are read and dropped until it
 closes, until nothing has come for ``LINGER_IDLE_S``, or ``LINGER_MAX_S`` in
-all; then hypercorn closes the connection as before. nginx's
+all; then hypercorn closes the connection as before. The cost: a client
+that waits for the server to close, rather than closing once it has read the
+GOAWAY or the ``connection: close`` 4xx, sees the end that much later. nginx's
 ``lingering_close`` does the same (its ``lingering_timeout`` 5 s,
 ``lingering_time`` 30 s).
 
@@ -34,7 +37,7 @@ into a void; a cancelled connection task (server shutdown) stops lingering
 at once.
 
 If the internals moved: ``PatchError`` at install when ``TCPServer`` has no
-``_read_data``, ``protocol_send`` or ``_close``; ``reader`` is read from the
+``_read_data`` or ``protocol_send``; ``reader`` is read from the
 instance (set by its ``__init__``; ``tests/unit/test_http_stack_linger.py``).
 
 Scope: process (every hypercorn TCP connection; it is a bug fix).
@@ -72,7 +75,7 @@ LINGER_MAX_S = 10.0
 
 def install() -> None:
     """Idempotent."""
-    require(TCPServer, "_read_data", "protocol_send", "_close", patch=NAME)
+    require(TCPServer, "_read_data", "protocol_send", patch=NAME)
 
     def make_read_data(original: Callable[..., Awaitable[None]]
                        ) -> Callable[..., Awaitable[None]]:
