@@ -29,7 +29,7 @@ from hypercorn.config import Config
 
 from hedgerow.asgi import Receive, Scope, Send
 from hedgerow.connection_cap import ACTIVE_CAP, ConnectionCap
-from hedgerow.http_stack import accept_loop, disconnect_hook, eof
+from hedgerow.http_stack import accept_loop, disconnect_hook, eof, linger
 from hedgerow.trust.peer import install_peer_capture
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -91,6 +91,7 @@ async def serve_internal(
     """Serve ``app`` until ``shutdown`` is set; report the bound port on start.
     ``connection_cap``: admit connections through it (TLS only)."""
     eof.install()
+    linger.install()
     disconnect_hook.install()
     install_peer_capture()
     # Hypercorn's worker opens its listeners with ``asyncio.start_server``; the

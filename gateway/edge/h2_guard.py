@@ -64,7 +64,7 @@ from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
 
 from gateway.edge.h2_budget import VERDICTS, H2Budget, H2Limits
-from hedgerow.http_stack import h2_protocol
+from hedgerow.http_stack import h2_protocol, linger
 from hedgerow.http_stack.versions import PINNED
 
 _log = logging.getLogger("hedgerow.gateway")
@@ -284,7 +284,8 @@ async def _calm(protocol: Any, guard: _Guard, verdict: str) -> None:
     protocol.connection.close_connection(error_code=ErrorCodes.ENHANCE_YOUR_CALM,
                                          last_stream_id=guard.last_served)
     await h2_protocol.flush_now(protocol)
-    await protocol.send(Closed())
+    with linger.at_once():  # an abuser's further bytes are not read (http_stack.linger)
+        await protocol.send(Closed())
 
 
 def _reset_streams(events: list[h2.events.Event]) -> set[int]:

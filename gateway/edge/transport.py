@@ -53,7 +53,8 @@ from gateway.edge.quic_admission import QuicFrontDoor, QuicLimits
 from gateway.edge.sockets import open_listening_socket
 from gateway.edge.quic_cap import ACTIVE_QUIC_DOOR, install_quic_cap, screen_datagram
 from gateway.edge.write_coalescing import CoalescingWriter, install_write_coalescing
-from hedgerow.http_stack import accept_loop, disconnect_hook, eof, quic_connection, udp_server
+from hedgerow.http_stack import (accept_loop, disconnect_hook, eof, linger, quic_connection,
+                                 udp_server)
 from hedgerow.decimal_text import parse_decimal
 from gateway.edge.quic_tickets import QuicTicketStore
 from gateway.edge.ticket_keys import DEFAULT_ROTATION_S, TicketKeyRing, install_ticket_keys
@@ -377,7 +378,10 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
        via ``http_stack.write_coalescing``, this listener's ``TlsConfig.wrap_writer``).
     6. A connection the client closed no longer waits out its keep-alive timer
        (``http_stack.eof``); a request's app learns its client left through a
-       callback, with no task waiting in ``receive()`` (``http_stack.disconnect_hook``).
+       callback, with no task waiting in ``receive()`` (``http_stack.disconnect_hook``);
+       a connection the server cuts (GOAWAY, a 4xx for a bad head) reads and drops
+       what its client still sends before closing, so the client reads why
+       (``http_stack.linger``).
     7. QUIC connections bounded (cap, half-open, Retry, HTTP/3 header and QPACK
        limits: ``gateway.edge.quic_cap`` via ``http_stack.quic_front_door``).
     8. The QUIC certificate reloadable (``gateway.edge.cert_reload`` via
@@ -386,6 +390,7 @@ def install_hypercorn_patches(tickets: QuicTicketStore) -> None:
     install_h2_guard()
     install_write_coalescing()
     eof.install()
+    linger.install()
     disconnect_hook.install()
     install_quic_cap()
     install_quic_certificate_registry()

@@ -4,11 +4,14 @@ A slowloris that trickles its request headers a byte at a time, and a client
 that opens TCP but never starts TLS, are both closed by the gateway within
 its bounds (``gateway/edge/transport.py``: KEEP_ALIVE_TIMEOUT_S and
 TLS_HANDSHAKE_TIMEOUT_S); meanwhile ordinary clients are served at once.
-Oversized headers, or too many of them, get a 4xx, never a 5xx or a hang.
+Oversized headers, or too many of them, get a 4xx, never a 5xx or a hang;
+a client still writing its request well after the gateway refused it still
+reads why (``hedgerow/http_stack/linger.py``).
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import threading
@@ -19,6 +22,7 @@ import httpx
 import pytest
 
 from gateway.edge.transport import KEEP_ALIVE_TIMEOUT_S, MAX_HEADER_BYTES, TLS_HANDSHAKE_TIMEOUT_S
+from hedgerow.connection_cap import TLS_SHUTDOWN_TIMEOUT_S
 from tests.support.stack import Stack
 from tests.support.streams import MODEL, chat_body, client
 
@@ -107,26 +111,49 @@ def test_slowloris_and_silent_connections_are_closed_while_others_are_served(
     assert TLS_HANDSHAKE_TIMEOUT_S - 0.5 < min(silent) <= max(silent) < TLS_HANDSHAKE_TIMEOUT_S + 2
 
 
-def _post_with_headers(stack: Stack, headers: dict[str, str], http2: bool) -> int | str:
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _post_with_headers(stack: Stack, headers: dict[str, str], http2: bool,
+                       body_after_s: float = 0.0) -> int | str:
+    """Post ``BODY``; its bytes leave ``body_after_s`` after the headers (a
+    client on a busy machine). A refusal must reach the client however late
+    it writes: a ``WriteError`` here is the gateway closing before it could."""
+    content: bytes | Iterator[bytes] = json.dumps(BODY).encode()
+    if body_after_s:
+        content = _late(content, body_after_s)
     with client(stack, http2=http2, timeout=10) as http:
         try:
-            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-            return http.post("/v1/chat/completions", json=body, headers=headers).status_code
+            return http.post("/v1/chat/completions", content=content,
+                             headers={**headers, "content-type": "application/json"}).status_code
         except httpx.RemoteProtocolError as error:  # h2: the server may reset the connection
             return f"reset: {error}"
 
 
+def _late(body: bytes, after_s: float) -> Iterator[bytes]:
+    time.sleep(after_s)
+    yield body
+
+
+def _oversized(shape: str) -> dict[str, str]:
+    if shape == "one_huge":
+        return {"x-huge": "z" * (MAX_HEADER_BYTES * 5)}
+    return {f"x-many-{i}": "z" * 40 for i in range(2000)}
+
+
 @pytest.mark.parametrize("http2", [False, True], ids=["h1", "h2"])
 @pytest.mark.parametrize("shape", ["one_huge", "very_many"])
+@pytest.mark.parametrize("body_after_s", [0.0, TLS_SHUTDOWN_TIMEOUT_S + 0.5],
+                         ids=["body_at_once", "body_late"])
 def test_oversized_headers_get_a_4xx_not_a_5xx_or_a_hang(
-        stack: Stack, http2: bool, shape: str) -> None:
-    if shape == "one_huge":
-        headers = {"x-huge": "z" * (MAX_HEADER_BYTES * 5)}
-    else:
-        headers = {f"x-many-{i}": "z" * 40 for i in range(2000)}
+        stack: Stack, http2: bool, shape: str, body_after_s: float) -> None:
+    """``body_late``: the client's body leaves after the gateway has refused
+    its headers and past the TLS close's wait. Before the gateway lingered,
+    its write failed (httpx ``WriteError``) and it never read the GOAWAY;
+    under load that happened now and then with the body sent at once."""
     started = time.monotonic()
-    outcome = _post_with_headers(stack, headers, http2)
-    assert time.monotonic() - started < 5
+    outcome = _post_with_headers(stack, _oversized(shape), http2, body_after_s)
+    assert time.monotonic() - started < 5 + body_after_s
     if http2:
         # h2 refuses a header list over its limit at the protocol level
         # (GOAWAY, ENHANCE_YOUR_CALM) or with a 4xx.
