@@ -63,8 +63,8 @@ INVENTORY: dict[str, tuple[str, str]] = {
     "eof": ("hypercorn TCPServer._read_data: stop the keep-alive timer at EOF", "process"),
     "linger": ("hypercorn TCPServer._read_data/protocol_send: a connection the server cuts "
                "drops what its client still sends before closing", "process"),
-    "disconnect_hook": ("hypercorn asyncio TaskGroup.spawn_app: a hedgerow.disconnect scope "
-                        "extension fired when http.disconnect is queued", "process"),
+    "disconnect_hook": ("hypercorn asyncio TaskGroup.spawn_app and HTTPStream.handle: a "
+                        "hedgerow.disconnect scope extension fired on StreamClosed", "process"),
     "tls_peer": ("hypercorn TCPServer.run: the verified client certificate, per connection",
                  "process"),
     "write_coalescing": ("hypercorn TCPServer.__init__: the connection's writer replaced",

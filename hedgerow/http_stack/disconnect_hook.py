@@ -2,17 +2,19 @@
 
 Changes: hypercorn's asyncio ``TaskGroup.spawn_app``
 (``hypercorn/asyncio/task_group.py``, hypercorn 0.18.0), which starts the
-ASGI app for one HTTP request (HTTP/1.1, HTTP/2 and HTTP/3 alike, from
-``HTTPStream.handle``) and returns the ``app_put`` that feeds the app's
-``receive()`` queue. Before the app starts, its scope gets the extension
-``scope["extensions"]["hedgerow.disconnect"]``: a ``Disconnect`` (below)
-that the returned ``app_put`` fires, synchronously, the moment hypercorn
-queues ``http.disconnect`` (the connection closed, or an HTTP/2 stream was
-reset) -- before the message waits in the queue. Hypercorn 0.18 never tells
-an HTTP/3 request that its client left (its ``H3Protocol`` does not turn a
-QUIC stream reset into ``StreamClosed``), with or without this hook: such a
-reader ends when its writes stall (``streams.write_stall_ms``) or its stream
-does.
+ASGI app for one request (HTTP/1.1, HTTP/2 and HTTP/3 alike, from
+``HTTPStream.handle``): before the app starts, its scope gets the extension
+``scope["extensions"]["hedgerow.disconnect"]``, a ``Disconnect`` (below); the
+``app_put`` it returns is left as it is, the queue's own ``put`` (the HTTP/3
+guard, ``gateway.edge.quic_cap``, reaches the queue through it). And
+``HTTPStream.handle`` (``hypercorn/protocol/http_stream.py``): on
+``StreamClosed`` -- where hypercorn queues ``http.disconnect``: the connection
+closed, or an HTTP/2 stream was reset -- the request's ``Disconnect`` fires,
+synchronously, before the message waits for room in the queue. Hypercorn 0.18
+never tells an HTTP/3 request that its client left (its ``H3Protocol`` does
+not turn a QUIC stream reset into ``StreamClosed``), with or without this
+hook: such a reader ends when its writes stall (``streams.write_stall_ms``)
+or its stream does.
 
 Why: ASGI tells an app that its client left only through ``receive()``, so an
 app that writes a long stream needs a second task to sit in ``receive()``
@@ -24,8 +26,9 @@ rather than fixing a bug; upstream it would be a server extension ASGI does
 not define yet, so no patch is prepared in ``docs/upstream/``.
 
 If the internals moved: ``PatchError`` at install when hypercorn's asyncio
-``TaskGroup`` has no ``spawn_app``; a ``spawn_app`` that stopped returning the
-queue's ``put`` would leave the hook unfired, which
+``TaskGroup`` has no ``spawn_app`` or ``HTTPStream`` no ``handle``; a stream
+that stopped keeping its ``scope``, or a close that stopped arriving as
+``StreamClosed``, would leave the hook unfired, which
 ``tests/unit/test_http_stack_disconnect_hook.py`` catches on the pinned version
 (a client that closes mid-stream must cancel the app's work).
 
@@ -39,12 +42,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hypercorn.asyncio.task_group import TaskGroup
+from hypercorn.protocol.events import StreamClosed
+from hypercorn.protocol.http_stream import HTTPStream
 
 from hedgerow.http_stack.patch import wrap
 
 NAME = "disconnect_hook"
 EXTENSION = "hedgerow.disconnect"
-_DISCONNECTS = frozenset({"http.disconnect", "websocket.disconnect"})
 
 
 class Disconnect:
@@ -90,18 +94,25 @@ def _nothing() -> None:
 def install() -> None:
     """Idempotent."""
 
-    def make(original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    def make_spawn(original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def spawn_app(self: Any, app: Any, config: Any, scope: Any, *args: Any,
                             **kwargs: Any) -> Any:
-            disconnect = Disconnect()
-            scope.setdefault("extensions", {})[EXTENSION] = disconnect
-            put = await original(self, app, config, scope, *args, **kwargs)
-
-            async def app_put(message: Any) -> None:
-                if message.get("type") in _DISCONNECTS:
-                    disconnect.fire()
-                await put(message)
-            return app_put
+            scope.setdefault("extensions", {})[EXTENSION] = Disconnect()
+            # The queue's own ``put``, unwrapped: the HTTP/3 guard
+            # (``gateway.edge.quic_cap``) finds the queue through it.
+            return await original(self, app, config, scope, *args, **kwargs)
         return spawn_app
 
-    wrap(TaskGroup, "spawn_app", make, patch=NAME)
+    def make_handle(original: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        async def handle(self: Any, event: Any, *args: Any, **kwargs: Any) -> None:
+            if isinstance(event, StreamClosed):  # where hypercorn queues http.disconnect
+                scope = getattr(self, "scope", None)
+                extensions = scope.get("extensions") if isinstance(scope, dict) else None
+                disconnect = extensions.get(EXTENSION) if extensions else None
+                if isinstance(disconnect, Disconnect):
+                    disconnect.fire()  # before the message waits for room in the queue
+            await original(self, event, *args, **kwargs)
+        return handle
+
+    wrap(TaskGroup, "spawn_app", make_spawn, patch=NAME)
+    wrap(HTTPStream, "handle", make_handle, patch=NAME)

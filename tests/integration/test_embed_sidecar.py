@@ -128,8 +128,10 @@ def test_a_killed_sidecar_means_misses_at_once_then_it_serves_again(
         return results, anyio.current_time() - killed
 
     results, waited_s = portal.call(kill_while_busy)
-    # Whatever was still waiting failed as a miss within moments, not a timeout.
-    assert "busy" in results and "none" not in results
+    # Whatever was still waiting failed as a miss within moments, not a timeout;
+    # on a fast machine some were embedded before the kill (vectors, not strings).
+    misses = [r for r in results if isinstance(r, str)]
+    assert "busy" in misses and "none" not in misses
     assert waited_s < 2.0
     assert not embedder.ready
     with pytest.raises(EmbedderBusy):

@@ -72,7 +72,7 @@ async def test_a_client_that_closes_mid_stream_cancels_the_work_without_a_watche
     shutdown = anyio.Event()
     async with anyio.create_task_group() as tg:
         port = await tg.start(serve_internal, app, "127.0.0.1", 0, shutdown)
-        assert applied()["disconnect_hook"] == ["TaskGroup.spawn_app"]
+        assert applied()["disconnect_hook"] == ["TaskGroup.spawn_app", "HTTPStream.handle"]
         answer = await anyio.to_thread.run_sync(_read_first_then_close, port)
         assert answer.startswith(b"HTTP/1.1 200")
         with anyio.fail_after(3):  # unhooked and unwatched, it would wait forever
@@ -134,3 +134,23 @@ def test_a_callback_registered_after_the_disconnect_runs_at_once() -> None:
     hook.on_disconnect(lambda: calls.append("late"))
     forget()
     assert calls == ["early", "late"]
+
+
+async def test_the_app_queue_s_own_put_is_still_what_spawn_app_returns() -> None:
+    # The HTTP/3 guard (gateway.edge.quic_cap) reaches a stream's queue through
+    # ``app_put.__self__`` to avoid blocking the UDP task on a full one.
+    from hypercorn.asyncio.task_group import TaskGroup
+    from hypercorn.config import Config
+
+    from hedgerow.http_stack import disconnect_hook as hook_patch
+
+    hook_patch.install()
+
+    async def app(*_: Any) -> None:
+        return None
+
+    scope: dict[str, Any] = {"type": "http", "extensions": {}}
+    async with TaskGroup(asyncio.get_running_loop()) as group:
+        put = await group.spawn_app(app, Config(), scope, lambda _: anyio.sleep(0))  # type: ignore[arg-type]
+        assert isinstance(getattr(put, "__self__", None), asyncio.Queue)
+    assert isinstance(scope["extensions"][hook_patch.EXTENSION], Disconnect)
