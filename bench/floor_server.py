@@ -34,7 +34,7 @@ import orjson
 
 from bench.stack import Proc, free_port
 from gateway.edge.transport import build_config, serve
-from hedgerow.asgi import SSE_DONE, SSE_HEADERS
+from hedgerow.asgi import SSE_DONE, SSE_HEADERS, handle_lifespan
 
 MAX_BODY = 1 << 20
 START_TIMEOUT_S = 30.0
@@ -62,11 +62,8 @@ class FloorApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
+            await handle_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         body = b""
