@@ -46,7 +46,9 @@ declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
    DATA is dropped, trailers end the body, and a chunk the application has
    not taken within ``H3_BODY_WAIT_S`` stops that stream's body
    (STOP_SENDING H3_REQUEST_CANCELLED; the rest dropped), or at once once
-   the application has ended.
+   the application has ended. And a client that abandons a request (STOP_SENDING
+   or RESET_STREAM) or whose connection ends is now told to the application
+   (``StreamClosed``), as over TCP; hypercorn never did.
 
 ``install_quic_cap`` refuses to start when what it reaches into is missing
 (``PatchError``); the versions are checked at process start
@@ -83,14 +85,16 @@ from aioquic.quic.packet import (
     encode_quic_retry,
     pull_quic_header,
 )
-from aioquic.quic.events import QuicEvent
+from aioquic.quic.events import ConnectionTerminated, QuicEvent, StopSendingReceived, StreamReset
 from hypercorn.events import RawData
-from hypercorn.protocol.events import Body, EndBody
+from hypercorn.protocol.events import Body, EndBody, StreamClosed
 from hypercorn.protocol.h3 import H3Protocol
 from hypercorn.protocol.quic import QuicProtocol, _Connection
 
 from hedgerow.connection_cap import log_refusals
 from hedgerow.http_stack import quic_front_door
+from hedgerow.http_stack.disconnect_hook import EXTENSION as DISCONNECT_EXTENSION
+from hedgerow.http_stack.disconnect_hook import Disconnect
 from hedgerow.http_stack.quic_cid import new_server_cid
 from hedgerow.http_stack.quic_connection import BoundedQuicConnection as BoundedQuicConnection
 from hedgerow.http_stack.versions import PINNED
@@ -244,6 +248,35 @@ async def guarded_h3_handle(self: H3Protocol, quic_event: QuicEvent) -> None:
                           Body(stream_id=event.stream_id, data=event.data))
             if event.stream_ended:
                 await _to_app(self, event.stream_id, EndBody(stream_id=event.stream_id))
+    if isinstance(quic_event, (StopSendingReceived, StreamReset)):
+        await _client_left(self, quic_event.stream_id)
+    elif isinstance(quic_event, ConnectionTerminated):
+        for stream_id in list(self.streams):
+            await _client_left(self, stream_id)
+
+
+async def _client_left(protocol: Any, stream_id: int) -> None:
+    """The client abandoned a request (STOP_SENDING or RESET_STREAM on its
+    stream: a browser's abort) or its whole connection ended: tell the
+    application, as HTTP/1.1 and HTTP/2 do (``StreamClosed``: ``http.disconnect``
+    and the ``hedgerow.disconnect`` hook), and forget the stream, so what
+    still arrives for it is dropped. Hypercorn 0.18 does neither: a reader
+    whose client closed its connection streamed on into nothing and its
+    generation ran to ``max_tokens``. Never waits in the UDP task: when the
+    application's queue is full (it is not reading), only the hook fires."""
+    stream = protocol.streams.pop(stream_id, None)
+    if stream is None:
+        return  # not a request stream, or its response already ended
+    queue = getattr(getattr(stream, "app_put", None), "__self__", None)
+    if not isinstance(queue, asyncio.Queue) or not queue.full():
+        await stream.handle(StreamClosed(stream_id=stream_id))
+        return
+    stream.closed = True
+    scope = getattr(stream, "scope", None)
+    disconnect = scope.get("extensions", {}).get(DISCONNECT_EXTENSION) if isinstance(
+        scope, dict) else None
+    if isinstance(disconnect, Disconnect):
+        disconnect.fire()
 
 
 async def _to_app(protocol: Any, stream_id: int, event: Body | EndBody) -> None:

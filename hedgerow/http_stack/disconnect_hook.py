@@ -11,10 +11,10 @@ guard, ``gateway.edge.quic_cap``, reaches the queue through it). And
 ``StreamClosed`` -- where hypercorn queues ``http.disconnect``: the connection
 closed, or an HTTP/2 stream was reset -- the request's ``Disconnect`` fires,
 synchronously, before the message waits for room in the queue. Hypercorn 0.18
-never tells an HTTP/3 request that its client left (its ``H3Protocol`` does
-not turn a QUIC stream reset into ``StreamClosed``), with or without this
-hook: such a reader ends when its writes stall (``streams.write_stall_ms``)
-or its stream does.
+never tells an HTTP/3 request that its client left (its ``H3Protocol`` turns
+neither a QUIC stream reset nor the connection's end into ``StreamClosed``);
+the gateway's HTTP/3 handler does (``gateway.edge.quic_cap._client_left``),
+and the hook fires from there too.
 
 Why: ASGI tells an app that its client left only through ``receive()``, so an
 app that writes a long stream needs a second task to sit in ``receive()``

@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 import pytest
 
-from tests.support.h3client import h3_request
+from tests.support.h3client import h3_request, h3_stream_then_leave
 from tests.support.stack import Stack, wait_for
 from tests.support.streams import sse_data
 
@@ -284,6 +285,28 @@ def test_client_disconnect_stops_generation_after_the_resume_grace(stack: Stack)
     time.sleep(0.5)
     later = stack.worker_status("w-main")
     assert later["tokens_generated_total"] == status["tokens_generated_total"]
+    generated = status["tokens_generated_total"] - before["tokens_generated_total"]
+    assert generated < 2000, "the generation ran to max_tokens for a client that left"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("how", ["reset", "close"])
+async def test_an_http3_client_that_leaves_stops_generation_after_the_resume_grace(
+        stack: Stack, how: str) -> None:
+    # Hypercorn does not tell an HTTP/3 request that its client left: a stream
+    # reset (a browser's abort) or a closed QUIC connection used to leave the
+    # generation running to max_tokens (gateway.edge.quic_cap, _client_left).
+    before = stack.worker_status("w-main")
+    body = orjson.dumps({"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 2000,
+                         "temperature": 0, "stream": True})
+    response = await h3_stream_then_leave(
+        "127.0.0.1", stack.gateway_port, "/v1/completions",
+        [("content-type", "application/json"), ("cache-control", "no-cache")], body,
+        cafile=stack.ca_cert, server_name="localhost", read_bytes=600, how=how)
+    assert response.status == 200 and len(response.body) >= 600
+    left = time.monotonic()
+    status = await anyio.to_thread.run_sync(_settled_after, stack, before, RESUME_GRACE_S + 5)
+    assert time.monotonic() - left >= RESUME_GRACE_S - 1.0
     generated = status["tokens_generated_total"] - before["tokens_generated_total"]
     assert generated < 2000, "the generation ran to max_tokens for a client that left"
 

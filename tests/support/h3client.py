@@ -156,3 +156,47 @@ async def _wait_for_ticket(tickets: list[SessionTicket], limit_s: float) -> None
     deadline = time.monotonic() + limit_s
     while not tickets and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
+
+
+async def h3_stream_then_leave(
+    host: str,
+    port: int,
+    path: str,
+    headers: Sequence[tuple[str, str]],
+    body: bytes,
+    *,
+    cafile: Path,
+    read_bytes: int,
+    how: str,
+    server_name: str | None = None,
+    timeout_s: float = 30.0,
+) -> H3Response:
+    """Start a streamed request, read at least ``read_bytes`` of its answer, then
+    leave: ``how="reset"`` abandons the request's stream as a browser's
+    ``AbortController`` does (STOP_SENDING and RESET_STREAM, H3_REQUEST_CANCELLED);
+    ``how="close"`` closes the whole QUIC connection. The response so far."""
+    configuration = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                                      server_name=server_name or host)
+    configuration.load_verify_locations(cafile=str(cafile))
+    with anyio.fail_after(timeout_s):
+        async with connect(host, port, configuration=configuration,
+                           create_protocol=_H3ClientProtocol) as client:
+            assert isinstance(client, _H3ClientProtocol)
+            _send_request(client, host, port, "POST", path, headers, body)
+            while len(client.response.body) < read_bytes and not client.done.done():
+                await asyncio.sleep(0.01)
+            assert client.stream_id is not None
+            if not client.done.done():  # leaving: the end of the connection is no error
+                client.done.set_result(None)
+            if how == "reset":
+                cancelled = 0x010C  # H3_REQUEST_CANCELLED (RFC 9114 8.1)
+                client._quic.stop_stream(client.stream_id, cancelled)
+                try:  # the request was sent whole: resetting its side may be refused
+                    client._quic.reset_stream(client.stream_id, cancelled)
+                except (AssertionError, ValueError):
+                    pass
+                client.transmit()
+                await asyncio.sleep(0.2)  # the frames leave before the connection is dropped
+            else:
+                client.close(error_code=0x0100)  # H3_NO_ERROR
+    return client.response
