@@ -25,7 +25,8 @@ from tests.support.deploy_recipes import (
 )
 
 UNITS = unit_names()
-SECRET_FLAGS = ("--join-token-file", "--admin-token-file", "--keyfile", "--tls-key", "--ca-key")
+SECRET_FLAGS = ("--join-token-file", "--admin-token-file", "--metrics-token-file", "--keyfile",
+                "--tls-key", "--ca-key")
 # Exposure score of `systemd-analyze security` (0 best, 10 worst; under 2: "OK").
 MAX_EXPOSURE = 2.0
 MAX_PROCESSES = 256  # hedgerow gateway --processes
@@ -134,6 +135,18 @@ def test_secrets_come_from_credentials_never_from_the_unit_or_its_environment(un
         name = line.split("=", 1)[0]
         assert not re.search(r"TOKEN|PASSWORD|SECRET|KEY|REDIS_URL", name), f"{unit}: {line}"
     assert "--redis" not in argv, "a Redis URL as an argument shows its password"
+
+
+@pytest.mark.parametrize("unit", ["hedgerow-gateway.service", "hedgerow-control-plane.service"])
+def test_metrics_open_with_a_read_only_token_prometheus_can_hold(unit: str) -> None:
+    # Prometheus must not need the admin token (it purges caches, applies
+    # policies): each unit with an admin API is given a metrics token too.
+    credentials = dict(c.split(":", 1) for c in unit_settings(unit)["LoadCredential"])
+    argv, _ = unit_command(unit)
+    (admin,) = arg(argv, "--admin-token-file")
+    (metrics,) = arg(argv, "--metrics-token-file")
+    assert metrics != admin and metrics.removeprefix("%d/") in credentials
+    assert credentials[metrics.removeprefix("%d/")] != credentials[admin.removeprefix("%d/")]
 
 
 @pytest.mark.parametrize("unit", [u for u in UNITS if "--redis-ca-file" in unit_text(u)])
