@@ -5,13 +5,20 @@ Charged like a completion too (``gateway.corridor.key_gate``): before the work,
 the input tokens are reserved on every tenant and key budget (and the key's
 tokens/min), the model's input price pricing them; when the request ends, the
 reservation is replaced by the ``usage.prompt_tokens`` of the answer (nothing
-when it failed). A spent budget is a 429 ``budget_exceeded`` as on chat.
+when it failed). A spent budget is a 429 ``budget_exceeded`` as on chat. The
+tenant's requests/s and tokens/min (shared through Redis, then this gateway's)
+take the same input tokens and are settled the same way: a 429
+``requests_rate`` / ``tokens_rate`` as on chat, so embeddings are no way
+around a tenant's token rate.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
+
+import anyio
 
 from gateway.corridor import embed_route
 from gateway.app_state import AppState
@@ -24,6 +31,12 @@ from hedgerow.errors import GatewayDraining, ModelNotFound
 from policies.keys import check_model_allowed
 from policies.schema import Policy
 from policies.tenancy import Identity
+
+
+log = logging.getLogger("hedgerow.gateway.embeddings")
+
+# How long settling a request's tokens may take (a Redis round trip), shielded.
+SETTLE_LIMIT_S = 2.0
 
 
 class EmbeddingRoutes(AppState):
@@ -69,21 +82,43 @@ class EmbeddingRoutes(AppState):
         texts = parsed.texts()
         counts = await model.token_counts(texts)
         embeddings_api.check_token_counts(counts)
-        await self.keys.admit(request.scope["hedgerow.request_id"], identity, policy,
-                              embeddings_api.MODEL, sum(counts), 0)
-        refusal = await self.scheduler.charge_request(identity.tenant, policy)
+        request_id = request.scope["hedgerow.request_id"]
+        await self.keys.admit(request_id, identity, policy, embeddings_api.MODEL, sum(counts), 0)
+        await self._charge_tenant(identity, policy, request_id, sum(counts))
+        used = 0
+        try:
+            with self.drain.track() as in_flight:
+                request.send = in_flight.watch(request.send)
+                vectors = await model.embed(texts)
+                used = sum(counts)
+                answer = embeddings_api.response_body(vectors, parsed.encoding_format, used)
+                observed.used(used, 0)
+                observed.responded(200)
+                await send_json(request.send, 200, answer, [(b"x-request-id", request_id.encode())])
+                return
+            await end_cut_request(request, in_flight)
+        finally:
+            await self._settle_tenant(identity, policy, request_id, sum(counts), used)
+
+    async def _charge_tenant(self, identity: Identity, policy: Policy, request_id: str,
+                             tokens: int) -> None:
+        """The tenant's requests/s and tokens/min (shared, then local), as a chat's
+        admission charges them; a 429 when either is spent."""
+        refusal = await self.scheduler.charge_request(identity.tenant, policy, tokens,
+                                                      request_id)
         if refusal is not None:
             raise refusal.to_error()
-        with self.drain.track() as in_flight:
-            request.send = in_flight.watch(request.send)
-            vectors = await model.embed(texts)
-            answer = embeddings_api.response_body(vectors, parsed.encoding_format, sum(counts))
-            observed.used(sum(counts), 0)
-            observed.responded(200)
-            await send_json(request.send, 200, answer, [
-                (b"x-request-id", request.scope["hedgerow.request_id"].encode())])
-            return
-        await end_cut_request(request, in_flight)
+
+    async def _settle_tenant(self, identity: Identity, policy: Policy, request_id: str,
+                             estimated: int, actual: int) -> None:
+        """The tokens charged at the door corrected by the answer's count (0 for
+        a request that failed: all of it goes back); never raises."""
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(SETTLE_LIMIT_S):
+                await self.scheduler.settle_request(identity.tenant, policy, request_id,
+                                                    estimated, actual)
+        except Exception:
+            log.exception("request %s: settling the tenant's tokens failed", request_id)
 
     async def _embed_elsewhere(self, request: Request, observed: RequestMetrics,
                                identity: Identity, policy: Policy,
@@ -102,24 +137,26 @@ class EmbeddingRoutes(AppState):
         # No tokenizer for a model served elsewhere: about four characters a
         # token reserved now, the answer's own count settled at the end.
         estimate = sum(tokens_in(text) for text in parsed.texts())
-        await self.keys.admit(request.scope["hedgerow.request_id"], identity, policy, model,
-                              estimate, 0)
-        refusal = await self.scheduler.charge_request(identity.tenant, policy)
-        if refusal is not None:
-            raise refusal.to_error()
         request_id = request.scope["hedgerow.request_id"]
+        await self.keys.admit(request_id, identity, policy, model, estimate, 0)
+        await self._charge_tenant(identity, policy, request_id, estimate)
+        used = 0
         tries = workers[:1 + policy.retries.before_first_token]
-        with self.drain.track() as in_flight:
-            request.send = in_flight.watch(request.send)
-            answer = await embed_route.forward(
-                self.dispatcher.workers, tries,
-                embed_route.upstream_call(request_id, request_json, model), requested,
-                policy.timeouts.ttft_ms / 1000)
-            observed.served_by(answer.worker_id, False)
-            observed.used(answer.prompt_tokens, 0)
-            observed.responded(200)
-            await send_json(request.send, 200, answer.body, [
-                (b"x-request-id", request_id.encode()),
-                (b"x-hedgerow-worker", answer.worker_id.encode())])
-            return
-        await end_cut_request(request, in_flight)
+        try:
+            with self.drain.track() as in_flight:
+                request.send = in_flight.watch(request.send)
+                answer = await embed_route.forward(
+                    self.dispatcher.workers, tries,
+                    embed_route.upstream_call(request_id, request_json, model), requested,
+                    policy.timeouts.ttft_ms / 1000)
+                used = answer.prompt_tokens
+                observed.served_by(answer.worker_id, False)
+                observed.used(answer.prompt_tokens, 0)
+                observed.responded(200)
+                await send_json(request.send, 200, answer.body, [
+                    (b"x-request-id", request_id.encode()),
+                    (b"x-hedgerow-worker", answer.worker_id.encode())])
+                return
+            await end_cut_request(request, in_flight)
+        finally:
+            await self._settle_tenant(identity, policy, request_id, estimate, used)

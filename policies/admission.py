@@ -200,21 +200,34 @@ class Admission:
         state.active += 1
         return Admitted(tenant, charge)
 
-    def charge_request(self, tenant: str, now: float) -> Refused | None:
-        """A request answered without a worker (a cache hit, a single-flight join):
-        it counts against the tenant's requests/s like any other, so cached
-        answers cannot lift a tenant past its rate. Nothing else is charged: it
-        generates no tokens and waits in no queue. None: charged; a ``Refused``
-        (429 ``requests_rate``): the bucket is empty, nothing taken."""
+    def charge_request(self, tenant: str, now: float, tokens: float = 0.0) -> Refused | None:
+        """A request answered without a worker slot (a cache hit, a single-flight
+        join, an embedding): it counts against the tenant's requests/s like any
+        other, so cached answers cannot lift a tenant past its rate, and
+        ``tokens`` (an embedding's input; ``settle`` corrects it) against its
+        tokens/min. It waits in no queue and holds no concurrency. None:
+        charged; a ``Refused`` (429 ``requests_rate`` or ``tokens_rate``): a
+        bucket is short, nothing taken."""
+        if not (tokens >= 0 and math.isfinite(tokens)):
+            raise ValueError(f"tokens must be finite and >= 0, not {tokens!r}")
         state = self._state(tenant)
-        if state.requests is None:
-            return None
-        wait = state.requests.time_until(1.0, now)
-        if wait > 0:
-            return self._refuse(429, "requests_rate", wait,
-                                f"tenant {tenant!r} exceeded {state.requests.rate_per_s:g} "
-                                "requests per second")
-        state.requests.try_take(1.0, now)
+        charge = state.token_charge(tokens)
+        if state.requests is not None:
+            wait = state.requests.time_until(1.0, now)
+            if wait > 0:
+                return self._refuse(429, "requests_rate", wait,
+                                    f"tenant {tenant!r} exceeded {state.requests.rate_per_s:g} "
+                                    "requests per second")
+        if state.tokens is not None and charge > 0:
+            wait = state.tokens.time_until(charge, now)
+            if wait > 0:
+                return self._refuse(429, "tokens_rate", wait,
+                                    f"tenant {tenant!r} exceeded "
+                                    f"{state.tokens.rate_per_s * 60:g} tokens per minute")
+        if state.requests is not None:
+            state.requests.try_take(1.0, now)
+        if state.tokens is not None and charge > 0:
+            state.tokens.try_take(charge, now)
         return None
 
     def settle(self, tenant: str, estimated: float, actual: float, now: float) -> float:

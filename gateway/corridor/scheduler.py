@@ -102,12 +102,18 @@ class Scheduler:
         worker = ticket.assignment.worker
         return QUEUED if worker is None else Assigned(worker)
 
-    def charge_request(self, tenant: str, now: float) -> Refused | None:
+    def charge_request(self, tenant: str, now: float, tokens: float = 0.0) -> Refused | None:
         """Charge one request to ``tenant``'s requests/s now, before the cache answers
-        it or it joins a flight (its ticket is then made with ``request_charged``)."""
-        refusal = self.admission.charge_request(tenant, now)
+        it or it joins a flight (its ticket is then made with ``request_charged``);
+        ``tokens``: also to its tokens/min, for a request no ticket will carry (an
+        embedding; ``settle_tokens`` corrects it when it ends)."""
+        refusal = self.admission.charge_request(tenant, now, tokens)
         self._count("requests_charged_at_door" if refusal is None else f"shed_{refusal.reason}")
         return refusal
+
+    def settle_tokens(self, tenant: str, estimated: float, actual: float, now: float) -> None:
+        """A request charged ``estimated`` tokens at the door used ``actual``."""
+        self.admission.settle(tenant, estimated, actual, now)
 
     def withdraw(self, ticket: Ticket, now: float) -> None:
         """The client left while ``ticket`` waited for a worker, for its first attempt

@@ -61,14 +61,29 @@ class SchedulerDoor:
             await self.shared.settle(ticket, 0)  # refused here: it never ran
         return decision
 
-    async def charge_request(self, tenant: str, policy: Policy | None) -> Refused | None:
+    async def charge_request(self, tenant: str, policy: Policy | None, tokens: float = 0.0,
+                             request_id: str | None = None) -> Refused | None:
         """Charge one request to ``tenant``'s requests/s (shared, then local) before
-        the cache answers it or it joins a flight; its ticket skips that charge."""
+        the cache answers it or it joins a flight; its ticket skips that charge.
+        ``tokens`` (with the ``request_id`` to settle by): a request served without
+        a ticket -- an embedding -- also takes its input tokens from the tenant's
+        tokens/min, shared and local; ``settle_request`` corrects them."""
         if self.shared is not None:
-            refusal = await self.shared.charge_request(tenant, policy)
+            refusal = await self.shared.charge_request(tenant, policy, tokens, request_id)
             if refusal is not None:
                 return refusal
-        return self.scheduler.charge_request(tenant, self.clock())
+        refusal = self.scheduler.charge_request(tenant, self.clock(), tokens)
+        if refusal is not None and self.shared is not None and request_id is not None:
+            await self.shared.settle_request(request_id, tenant, policy, 0)  # never ran
+        return refusal
+
+    async def settle_request(self, tenant: str, policy: Policy | None, request_id: str,
+                             estimated: float, actual: float) -> None:
+        """A request ``charge_request`` took ``estimated`` tokens for used ``actual``
+        (0: it failed; all of its charge goes back)."""
+        self.scheduler.settle_tokens(tenant, estimated, actual, self.clock())
+        if self.shared is not None:
+            await self.shared.settle_request(request_id, tenant, policy, actual)
 
     async def ticket_done(self, ticket: Ticket, actual_tokens: int) -> None:
         """The request is over: settle its tenant's tokens and concurrency."""

@@ -119,6 +119,9 @@ class SharedRequestLimits:
         self._outage = False
         # What each admitted ticket took from its shared tokens bucket (gone with the ticket).
         self._charged: weakref.WeakKeyDictionary[Ticket, float] = weakref.WeakKeyDictionary()
+        # What each request charged at the door without a ticket (an embedding)
+        # took, by request id, until it settles; bounded (the oldest forgotten).
+        self._charged_requests: dict[str, float] = {}
         self.counters: dict[str, int] = {"checked": 0, "refused_requests": 0,
                                          "refused_tokens": 0, "fallback": 0}
 
@@ -148,14 +151,18 @@ class SharedRequestLimits:
             return None
         return self._refusal(ticket.tenant, limits, _text(refused_by), float(wait))
 
-    async def charge_request(self, tenant: str, policy: Policy | None) -> Refused | None:
-        """One request for ``tenant`` that needs no worker: its shared requests/s
-        only (no tokens). None: charged, or nothing to charge, or Redis is down."""
+    async def charge_request(self, tenant: str, policy: Policy | None, tokens: float = 0.0,
+                             request_id: str | None = None) -> Refused | None:
+        """One request for ``tenant`` that needs no worker slot: its shared
+        requests/s, and ``tokens`` of its shared tokens/min (an embedding's input;
+        ``settle_request(request_id, ...)`` corrects them). None: charged, or
+        nothing to charge, or Redis is down."""
         limits = _tenant_limits(policy, tenant)
         if limits is None or self.clock() < self._down_until:
             return None
+        charge = float(min(tokens, limits.tokens_burst))
         args = [repr(limits.requests_per_s), str(limits.requests_burst),
-                repr(limits.tokens_per_min / 60.0), str(limits.tokens_burst), repr(0.0), "1"]
+                repr(limits.tokens_per_min / 60.0), str(limits.tokens_burst), repr(charge), "1"]
         try:
             with anyio.fail_after(REDIS_TIMEOUT_S):
                 granted, refused_by, wait = await self._take(keys=self._keys(tenant), args=args)
@@ -164,21 +171,41 @@ class SharedRequestLimits:
             return None
         self._back()
         self.counters["checked"] += 1
-        return None if int(granted) else self._refusal(tenant, limits, _text(refused_by),
-                                                       float(wait))
+        if not int(granted):
+            return self._refusal(tenant, limits, _text(refused_by), float(wait))
+        if charge > 0 and request_id is not None:
+            if len(self._charged_requests) >= MAX_UNSETTLED_REQUESTS:
+                del self._charged_requests[next(iter(self._charged_requests))]
+            self._charged_requests[request_id] = charge
+        return None
+
+    async def settle_request(self, request_id: str, tenant: str, policy: Policy | None,
+                             actual_tokens: float) -> None:
+        """Correct the shared tokens bucket by what a request charged by
+        ``charge_request`` really used (nothing, if it took nothing there)."""
+        charged = self._charged_requests.pop(request_id, None)
+        limits = _tenant_limits(policy, tenant)
+        if charged is None or limits is None:
+            return
+        await self._adjust_tokens(tenant, limits, charged - actual_tokens)
 
     async def settle(self, ticket: Ticket, actual_tokens: int) -> None:
         """Correct the tenant's shared tokens bucket by what ``ticket`` really used
         (0: the request never ran, all of its charge goes back)."""
         charged = self._charged.pop(ticket, None)
         limits = _limits_of(ticket)
-        change = 0.0 if charged is None else charged - actual_tokens
-        if limits is None or change == 0 or self.clock() < self._down_until:
+        if limits is None or charged is None:
+            return
+        await self._adjust_tokens(ticket.tenant, limits, charged - actual_tokens)
+
+    async def _adjust_tokens(self, tenant: str, limits: TenantLimits, change: float) -> None:
+        """Give ``change`` tokens back to ``tenant``'s shared bucket (negative: take)."""
+        if change == 0 or self.clock() < self._down_until:
             return
         args = [repr(limits.tokens_per_min / 60.0), str(limits.tokens_burst), repr(change)]
         try:
             with anyio.fail_after(REDIS_TIMEOUT_S):
-                await self._adjust(keys=self._keys(ticket.tenant)[1:], args=args)
+                await self._adjust(keys=self._keys(tenant)[1:], args=args)
         except (RedisError, OSError, TimeoutError) as error:
             self._fell_back(error, count=False)
 
@@ -257,6 +284,11 @@ def _rate_args(per_period: float | None, *, per_s: float) -> list[str]:
     if per_period is None:
         return [repr(_UNLIMITED), repr(_UNLIMITED)]
     return [repr(per_period / per_s), repr(max(1.0, per_period))]
+
+
+# Requests charged tokens at the door and not settled yet, at most (each
+# settles when it ends; the bound only guards against a caller that forgets).
+MAX_UNSETTLED_REQUESTS = 65_536
 
 
 def _limits_of(ticket: Ticket) -> TenantLimits | None:

@@ -32,7 +32,10 @@ pytestmark = pytest.mark.anyio
 
 TENANTS = [{"name": "t", "class": "interactive",
             "limits": {"requests_per_s": 0.01, "requests_burst": 2}},  # no refill in a test
-           {"name": "u", "class": "interactive", "api_key_sha256": [hash_api_key("key-u")]}]
+           {"name": "u", "class": "interactive", "api_key_sha256": [hash_api_key("key-u")]},
+           {"name": "v", "class": "interactive", "api_key_sha256": [hash_api_key("key-v")],
+            # 14 tokens and no refill in a test: two requests of 7.
+            "limits": {"tokens_per_min": 0.01, "tokens_burst": 14}}]
 
 
 KEY_SECRET = bytes(range(32))
@@ -114,6 +117,25 @@ async def test_the_tenants_requests_rate_applies() -> None:
     async with gateway(LengthEmbedder()) as gw:
         statuses = [(await embed(gw)).status for _ in range(3)]
     assert statuses == [200, 200, 429]
+
+
+async def test_the_tenants_tokens_per_min_applies_and_a_failed_request_gives_its_tokens_back(
+) -> None:
+    # Embeddings used to count toward requests/s only: a tenant could embed
+    # past its token rate. Each request here is 7 tokens; the burst holds 14.
+    embedder = LengthEmbedder(ready=False)
+    async with gateway(embedder) as gw:
+        failed = await embed(gw, bearer("key-v"))  # 503 after the charge: it goes back
+        embedder.ready = True
+        served = [await embed(gw, bearer("key-v")) for _ in range(2)]
+        refused = await embed(gw, bearer("key-v"))
+        other = await embed(gw, bearer("key-u"))  # another tenant's bucket
+    assert failed.status == 503
+    assert [c.status for c in served] == [200, 200]
+    assert refused.status == 429 and int(refused.header("retry-after") or 0) >= 1
+    assert refused.json()["error"]["code"] == "tokens_rate"
+    assert len(embedder.texts) == 4 + 2  # the refused request embedded nothing
+    assert other.status == 200
 
 
 @pytest.mark.parametrize("headers, model, status, code", [

@@ -51,3 +51,27 @@ async def test_charged_at_the_door_then_not_again_at_submit(redis: Redis) -> Non
     assert refused is not None and refused.reason == "requests_rate"
     assert await limits.charge_request("nobody", POLICY) is None  # no limits: nothing to charge
     assert limits.counters["fallback"] == 0
+
+
+TOKEN_POLICY = parse_policy("""
+anonymous_tenant: a
+classes: [{name: interactive, ttft_slo_ms: 1000, deadline_ms: 10000}]
+tenants: [{name: a, class: interactive, limits: {tokens_per_min: 0.01, tokens_burst: 20}}]
+""", "test")
+
+
+async def test_a_request_without_a_ticket_takes_shared_tokens_and_settles_them(
+        redis: Redis) -> None:
+    # An embedding: its input tokens come out of the tenant's shared tokens/min
+    # at the door, and what it did not use goes back when it settles.
+    limits = SharedRequestLimits(redis)
+    assert await limits.charge_request("a", TOKEN_POLICY, 12, "r1") is None
+    refused = await limits.charge_request("a", TOKEN_POLICY, 12, "r2")  # 8 left of 20
+    assert refused is not None and (refused.status, refused.reason) == (429, "tokens_rate")
+    await limits.settle_request("r1", "a", TOKEN_POLICY, 0)  # r1 failed: all 12 back
+    assert await limits.charge_request("a", TOKEN_POLICY, 12, "r3") is None
+    await limits.settle_request("r3", "a", TOKEN_POLICY, 12)  # used as charged: no change
+    await limits.settle_request("r3", "a", TOKEN_POLICY, 0)  # settled once only
+    refused = await limits.charge_request("a", TOKEN_POLICY, 12, "r4")
+    assert refused is not None and refused.reason == "tokens_rate"
+    assert limits.counters["fallback"] == 0

@@ -264,3 +264,16 @@ def test_a_request_charged_at_the_door_is_not_charged_again_at_admission() -> No
     assert isinstance(decision, Admitted)
     refused = adm.admit("t", 0, 0.0, 0.0, 10.0, 0.0, queue_length=0)
     assert isinstance(refused, Refused) and refused.reason == "requests_rate"
+
+
+def test_a_request_without_a_ticket_can_take_tokens_at_the_door_and_settle_them() -> None:
+    # An embedding: requests/s and its input tokens, no concurrency slot.
+    adm = Admission({"t": AdmissionLimits(tokens_per_min=0.6, tokens_burst=20)}, max_queue=10)
+    assert adm.charge_request("t", 0.0, tokens=12) is None
+    refused = adm.charge_request("t", 0.0, tokens=12)  # 8 left
+    assert refused is not None and (refused.status, refused.reason) == (429, "tokens_rate")
+    assert adm.active("t") == 0
+    adm.settle("t", 12, 0, 0.0)  # the first failed: its 12 go back
+    assert adm.charge_request("t", 0.0, tokens=12) is None
+    with pytest.raises(ValueError):
+        adm.charge_request("t", 0.0, tokens=float("nan"))
