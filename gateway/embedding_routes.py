@@ -149,9 +149,11 @@ class EmbeddingRoutes(AppState):
                     self.dispatcher.workers, tries,
                     embed_route.upstream_call(request_id, request_json, model), requested,
                     policy.timeouts.ttft_ms / 1000)
-                used = answer.prompt_tokens
+                # An answer without usage is charged what was reserved, not nothing:
+                # else an upstream that leaves it out would lift every limit.
+                used = answer.prompt_tokens if answer.prompt_tokens is not None else estimate
                 observed.served_by(answer.worker_id, False)
-                observed.used(answer.prompt_tokens, 0)
+                observed.used(used, 0)
                 observed.responded(200)
                 await send_json(request.send, 200, answer.body, [
                     (b"x-request-id", request_id.encode()),

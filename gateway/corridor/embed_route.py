@@ -46,7 +46,7 @@ class Forwarded:
 
     worker_id: str
     body: dict[str, Any]
-    prompt_tokens: int
+    prompt_tokens: int | None  # the answer's ``usage.prompt_tokens``; None: it gave none
 
 
 def candidates(snapshot: RegistrySnapshot, model: str) -> list[WorkerRecord]:
@@ -94,7 +94,8 @@ async def _one(workers: WorkerClient, worker: WorkerRecord, call: UpstreamCall,
         answer["model"] = client_model
         usage = answer.get("usage")
         tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-        return Forwarded(worker_id, answer, tokens if isinstance(tokens, int) else 0)
+        counted = isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0
+        return Forwarded(worker_id, answer, tokens if counted else None)
     raise UpstreamFailed(f"worker {worker_id} sent no embeddings within {timeout_s:.1f}s",
                          code="upstream_timeout")
 

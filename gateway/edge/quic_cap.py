@@ -85,7 +85,7 @@ from aioquic.quic.packet import (
     encode_quic_retry,
     pull_quic_header,
 )
-from aioquic.quic.events import ConnectionTerminated, QuicEvent, StopSendingReceived, StreamReset
+from aioquic.quic.events import ConnectionTerminated, QuicEvent, StopSendingReceived
 from hypercorn.events import RawData
 from hypercorn.protocol.events import Body, EndBody, StreamClosed
 from hypercorn.protocol.h3 import H3Protocol
@@ -248,7 +248,11 @@ async def guarded_h3_handle(self: H3Protocol, quic_event: QuicEvent) -> None:
                           Body(stream_id=event.stream_id, data=event.data))
             if event.stream_ended:
                 await _to_app(self, event.stream_id, EndBody(stream_id=event.stream_id))
-    if isinstance(quic_event, (StopSendingReceived, StreamReset)):
+    if isinstance(quic_event, StopSendingReceived):
+        # The client wants no more of the response: it left. A RESET_STREAM
+        # alone ends only the request's side (RFC 9114 4.1.2; also the client's
+        # answer to our own STOP_SENDING for a body nobody took): the response
+        # is still wanted, and the application's body deadline handles it.
         await _client_left(self, quic_event.stream_id)
     elif isinstance(quic_event, ConnectionTerminated):
         for stream_id in list(self.streams):
@@ -256,8 +260,8 @@ async def guarded_h3_handle(self: H3Protocol, quic_event: QuicEvent) -> None:
 
 
 async def _client_left(protocol: Any, stream_id: int) -> None:
-    """The client abandoned a request (STOP_SENDING or RESET_STREAM on its
-    stream: a browser's abort) or its whole connection ended: tell the
+    """The client abandoned a request (STOP_SENDING on its stream: a browser's
+    abort sends it with RESET_STREAM) or its whole connection ended: tell the
     application, as HTTP/1.1 and HTTP/2 do (``StreamClosed``: ``http.disconnect``
     and the ``hedgerow.disconnect`` hook), and forget the stream, so what
     still arrives for it is dropped. Hypercorn 0.18 does neither: a reader
@@ -347,8 +351,23 @@ def install_quic_cap() -> None:
                 await _stop_guard(self, key)
         return tracked_handle_events
 
+    def make_stream_send(stream_send: Callable[..., Any]) -> Callable[..., Any]:
+        async def forgotten_dropped(self: Any, event: Any, *args: Any, **kwargs: Any) -> None:
+            # A stream is in ``streams`` from its HEADERS until its application
+            # ends it; one that is not, yet still sent for, is one
+            # ``_client_left`` forgot: its client is gone. Dropped, not handed to
+            # aioquic, which would raise into the application ("Cannot send data
+            # on a finished stream") and keep a new H3 stream for it till the end.
+            stream_id = getattr(event, "stream_id", None)
+            if (stream_id is not None and stream_id not in self.streams
+                    and not isinstance(event, StreamClosed)):
+                return
+            await stream_send(self, event, *args, **kwargs)
+        return forgotten_dropped
+
     quic_front_door.install(make_handle=make_handle, make_handle_events=make_handle_events,
-                            h3_handle=guarded_h3_handle, h3_connection=BoundedH3Connection)
+                            h3_handle=guarded_h3_handle, h3_connection=BoundedH3Connection,
+                            make_stream_send=make_stream_send)
 
 
 def screen_datagram(protocol: QuicProtocol | None, data: bytes, address: Address,

@@ -15,6 +15,8 @@ Changes (hypercorn 0.18.0, aioquic 1.7.2), with behaviour supplied by
   a process in one task, and DATA after the response ended raised
   ``KeyError`` there, ending HTTP/3 for all of them: pgjones/hypercorn#329's
   HTTP/3 twin; upstream: ``docs/upstream/h3-late-data-and-trailers.patch``).
+- ``H3Protocol.stream_send`` wrapped: what an application still sends for a
+  request whose client left (``quic_cap._client_left``) is dropped.
 - ``hypercorn.protocol.h3.H3Connection`` (the name ``H3Protocol`` builds
   from) replaced by ``gateway.edge.quic_cap.BoundedH3Connection``, aioquic's
   ``H3Connection`` with field-section and QPACK bounds; it overrides five of
@@ -55,15 +57,17 @@ Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def install(*, make_handle: Wrapper, make_handle_events: Wrapper,
-            h3_handle: Callable[..., Any], h3_connection: type[H3Connection]) -> None:
+            h3_handle: Callable[..., Any], h3_connection: type[H3Connection],
+            make_stream_send: Wrapper) -> None:
     """Idempotent: the first call's behaviour stays."""
     require(QuicProtocol, "handle", "_handle_events", "send_all", patch=NAME)
     require(hypercorn.protocol.quic, "_Connection", "QuicConnection", patch=NAME)
-    require(H3Protocol, "handle", "_create_stream", patch=NAME)
+    require(H3Protocol, "handle", "_create_stream", "stream_send", patch=NAME)
     require(H3Connection, "_init_connection", "_get_local_settings",
             "_check_request_or_push_frame_type", "_decode_headers",
             "_receive_request_or_push_data", patch=NAME)
     wrap(QuicProtocol, "handle", make_handle, patch=NAME)
     wrap(QuicProtocol, "_handle_events", make_handle_events, patch=NAME)
     replace(H3Protocol, "handle", h3_handle, patch=NAME)
+    wrap(H3Protocol, "stream_send", make_stream_send, patch=NAME)
     replace(hypercorn.protocol.h3, "H3Connection", h3_connection, patch=NAME)

@@ -120,3 +120,15 @@ async def test_the_clients_mistake_is_not_retried_and_no_upstream_words_reach_it
         await forward(malformed, [record("a"), record("b")])
     assert failed.value.code == "upstream_malformed"
     assert "sk-upstream" not in failed.value.message
+
+
+@pytest.mark.parametrize("usage", [None, {"total_tokens": 3}, {"prompt_tokens": "3"},
+                                   {"prompt_tokens": -1}, {"prompt_tokens": True}])
+async def test_an_answer_without_a_usable_token_count_says_so(usage: Any) -> None:
+    # None, not 0: the gateway then settles what it reserved, since settling 0
+    # would give back every token an upstream that omits usage embedded.
+    answer = {key: value for key, value in ANSWER.items() if key != "usage"}
+    if usage is not None:
+        answer["usage"] = usage
+    forwarded = await forward(lambda _: MockReply(200, body=orjson.dumps(answer)), [record("a")])
+    assert forwarded.prompt_tokens is None
