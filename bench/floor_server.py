@@ -37,6 +37,7 @@ from gateway.edge.transport import build_config, serve
 from hedgerow.asgi import SSE_DONE, SSE_HEADERS, handle_lifespan
 
 MAX_BODY = 1 << 20
+MAX_TOKENS = 4096  # a stream is never longer, whatever a request asks
 START_TIMEOUT_S = 30.0
 
 
@@ -76,6 +77,7 @@ class FloorApp:
             tokens = int(orjson.loads(body).get("max_tokens") or 8)
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
             tokens = 8
+        tokens = min(max(tokens, 1), MAX_TOKENS)
         await anyio.sleep(self.prefill_s)
         await send({"type": "http.response.start", "status": 200, "headers": list(SSE_HEADERS)})
         await send({"type": "http.response.body", "body": chunk(0, None), "more_body": True})

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from gateway.corridor import embed_route
+from gateway.corridor.key_gate import SETTLE_TIMEOUT_S
 from gateway.app_state import AppState
 from gateway.admin.metrics import RequestMetrics
 from gateway.request_terms import end_cut_request, require_json, tokens_in
@@ -34,10 +35,6 @@ from policies.tenancy import Identity
 
 
 log = logging.getLogger("hedgerow.gateway.embeddings")
-
-# How long settling a request's tokens may take (a Redis round trip), shielded.
-SETTLE_LIMIT_S = 2.0
-
 
 class EmbeddingRoutes(AppState):
     """``/v1/embeddings``."""
@@ -114,7 +111,7 @@ class EmbeddingRoutes(AppState):
         """The tokens charged at the door corrected by the answer's count (0 for
         a request that failed: all of it goes back); never raises."""
         try:
-            with anyio.CancelScope(shield=True), anyio.fail_after(SETTLE_LIMIT_S):
+            with anyio.CancelScope(shield=True), anyio.fail_after(SETTLE_TIMEOUT_S):
                 await self.scheduler.settle_request(identity.tenant, policy, request_id,
                                                     estimated, actual)
         except Exception:

@@ -212,18 +212,9 @@ class Admission:
             raise ValueError(f"tokens must be finite and >= 0, not {tokens!r}")
         state = self._state(tenant)
         charge = state.token_charge(tokens)
-        if state.requests is not None:
-            wait = state.requests.time_until(1.0, now)
-            if wait > 0:
-                return self._refuse(429, "requests_rate", wait,
-                                    f"tenant {tenant!r} exceeded {state.requests.rate_per_s:g} "
-                                    "requests per second")
-        if state.tokens is not None and charge > 0:
-            wait = state.tokens.time_until(charge, now)
-            if wait > 0:
-                return self._refuse(429, "tokens_rate", wait,
-                                    f"tenant {tenant!r} exceeded "
-                                    f"{state.tokens.rate_per_s * 60:g} tokens per minute")
+        refusal = self._tenant_refusal(tenant, state, charge, now, check_concurrency=False)
+        if refusal is not None:
+            return refusal
         if state.requests is not None:
             state.requests.try_take(1.0, now)
         if state.tokens is not None and charge > 0:
@@ -271,10 +262,10 @@ class Admission:
 
     def _tenant_refusal(
         self, tenant: str, state: _TenantState, charge: float, now: float,
-        *, check_requests: bool = True,
+        *, check_requests: bool = True, check_concurrency: bool = True,
     ) -> Refused | None:
         limit = state.limits.max_concurrency
-        if limit is not None and state.active >= limit:
+        if check_concurrency and limit is not None and state.active >= limit:
             return self._refuse(429, "concurrency", self.concurrency_retry_after_s,
                                 f"tenant {tenant!r} already has {limit} requests open")
         if state.requests is not None and check_requests:

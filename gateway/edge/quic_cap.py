@@ -46,9 +46,10 @@ declared size and offers a 4 KiB QPACK dynamic table. Here, in front of that
    DATA is dropped, trailers end the body, and a chunk the application has
    not taken within ``H3_BODY_WAIT_S`` stops that stream's body
    (STOP_SENDING H3_REQUEST_CANCELLED; the rest dropped), or at once once
-   the application has ended. And a client that abandons a request (STOP_SENDING
-   or RESET_STREAM) or whose connection ends is now told to the application
-   (``StreamClosed``), as over TCP; hypercorn never did.
+   the application has ended. And a client that abandons a request (STOP_SENDING;
+   a RESET_STREAM alone ends only the request's side) or whose connection ends
+   is told to the application (``StreamClosed``), as over TCP; hypercorn never
+   did. What the application still sends for it is dropped.
 
 ``install_quic_cap`` refuses to start when what it reaches into is missing
 (``PatchError``); the versions are checked at process start
@@ -93,8 +94,7 @@ from hypercorn.protocol.quic import QuicProtocol, _Connection
 
 from hedgerow.connection_cap import log_refusals
 from hedgerow.http_stack import quic_front_door
-from hedgerow.http_stack.disconnect_hook import EXTENSION as DISCONNECT_EXTENSION
-from hedgerow.http_stack.disconnect_hook import Disconnect
+from hedgerow.http_stack.disconnect_hook import fire_for
 from hedgerow.http_stack.quic_cid import new_server_cid
 from hedgerow.http_stack.quic_connection import BoundedQuicConnection as BoundedQuicConnection
 from hedgerow.http_stack.versions import PINNED
@@ -276,11 +276,7 @@ async def _client_left(protocol: Any, stream_id: int) -> None:
         await stream.handle(StreamClosed(stream_id=stream_id))
         return
     stream.closed = True
-    scope = getattr(stream, "scope", None)
-    disconnect = scope.get("extensions", {}).get(DISCONNECT_EXTENSION) if isinstance(
-        scope, dict) else None
-    if isinstance(disconnect, Disconnect):
-        disconnect.fire()
+    fire_for(stream)
 
 
 async def _to_app(protocol: Any, stream_id: int, event: Body | EndBody) -> None:

@@ -91,6 +91,15 @@ def _nothing() -> None:
     return None
 
 
+def fire_for(stream: Any) -> None:
+    """Fire the ``Disconnect`` of a hypercorn stream's request, if it has one."""
+    scope = getattr(stream, "scope", None)
+    extensions = scope.get("extensions") if isinstance(scope, dict) else None
+    disconnect = extensions.get(EXTENSION) if extensions else None
+    if isinstance(disconnect, Disconnect):
+        disconnect.fire()
+
+
 def install() -> None:
     """Idempotent."""
 
@@ -106,11 +115,7 @@ def install() -> None:
     def make_handle(original: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
         async def handle(self: Any, event: Any, *args: Any, **kwargs: Any) -> None:
             if isinstance(event, StreamClosed):  # where hypercorn queues http.disconnect
-                scope = getattr(self, "scope", None)
-                extensions = scope.get("extensions") if isinstance(scope, dict) else None
-                disconnect = extensions.get(EXTENSION) if extensions else None
-                if isinstance(disconnect, Disconnect):
-                    disconnect.fire()  # before the message waits for room in the queue
+                fire_for(self)  # before the message waits for room in the queue
             await original(self, event, *args, **kwargs)
         return handle
 
