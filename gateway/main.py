@@ -58,6 +58,9 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 # streams cut at the deadline can still write their error events before
 # hypercorn cancels what is left.
 DRAIN_GRACE_S = 2.0
+# A process of ``--processes N`` waits this long at most for its first policy
+# and registry snapshot before it starts accepting (see ``_first_view``).
+FIRST_VIEW_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -201,9 +204,12 @@ async def run_gateway(
             app.metrics.watch_h2(H2_GUARD_STATS.snapshot)
             edge = CorsMiddleware(app, policy.cors, app.router.serves)
 
+            policy_arrived = anyio.Event()
+
             async def apply_policy(new: Policy) -> None:
                 edge.apply_policy(new)
                 await app.apply_policy(new)
+                policy_arrived.set()
 
             if shared is not None:
                 log.info("tenants' requests/s and tokens/min limits are shared through Redis")
@@ -216,6 +222,7 @@ async def run_gateway(
                 log.info("following the control plane's policy at %s; the client API "
                          "answers 503 until the first version arrives", options.control_plane)
             else:
+                policy_arrived.set()
                 log.info("policy pinned to %s (not following the control plane)",
                          options.policy_path)
             certificates = CertificateReloader(certfile, keyfile,
@@ -244,6 +251,8 @@ async def run_gateway(
                     await _serve_admin(tg, admin, options, shutdown, tls)
                 else:
                     log.info("no --admin-port: metrics and the cache admin API are not served")
+                if options.process is not None:
+                    await _first_view(directory, policy_arrived, FIRST_VIEW_WAIT_S)
                 port = await tg.start(functools.partial(serve, connection_cap=connections,
                                                         quic_door=quic_door,
                                                         listeners=None if options.process
@@ -260,6 +269,27 @@ async def run_gateway(
             await cache.aclose()
         if shared is not None:
             await shared.redis.aclose()
+
+
+async def _first_view(directory: LatestValue[RegistrySnapshot], policy_arrived: anyio.Event,
+                      bound_s: float) -> None:
+    """Wait, at most ``bound_s``, for the first policy and registry snapshot.
+
+    For a process of ``--processes N`` only: its socket already listens (the
+    supervisor bound it), so the kernel hands it a share of new connections
+    whether or not it has started. Serving before its first snapshot answered
+    them 503 ``no_healthy_worker`` for ~100 ms while its siblings (and
+    ``/readyz``) said the port was ready; waiting keeps those connections in
+    the backlog instead. Past the bound (a control plane that does not answer)
+    it serves anyway, so clients get the 503 that explains, not a silent queue.
+    """
+    with anyio.move_on_after(bound_s) as waited:
+        await directory.wait_newer(-1)
+        await policy_arrived.wait()
+    if waited.cancelled_caught:
+        log.warning("serving without %s from the control plane after %.0fs; the client "
+                    "API answers 503 until it arrives",
+                    "a registry snapshot" if directory.version < 0 else "a policy", bound_s)
 
 
 async def _serve_admin(tg: TaskGroup, admin: GatewayAdmin, options: GatewayOptions,
