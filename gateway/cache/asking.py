@@ -30,6 +30,7 @@ by ``differs``; none lists the words of a particular subject. Pure.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.cache import wording
@@ -45,11 +46,26 @@ _PAST = frozenset("did didn't didnt ago yesterday".split())
 _FUTURE = frozenset("will won't shall tomorrow i'll you'll we'll it'll they'll".split())
 _PERIODS = frozenset("year years week weeks month months night time season day weekend "
                      "decade century summer winter spring fall autumn quarter".split())
-# Asking for something to be made, at the start of a request.
+# Asking for something to be made (or remade), at the start of a request.
 _MAKE = frozenset("make write implement create generate build draft code design compose "
-                  "plan produce give".split())
+                  "plan produce give rewrite rephrase paraphrase summarize summarise "
+                  "translate shorten sort rank put".split())
+# Chat openers before the request itself ("hey quick question, is ...").
+_OPENERS = frozenset("hey hi hello so ok okay quick question please pls plz um hmm".split())
+# A yes/no question: it asks for a verdict ("is this paragraph clear", "is nacl
+# soluble"), not for something to be made.
+_YES_NO = frozenset("is are does do did should can could would will was were has have".split())
+# The question word that says what kind of thing the answer is; "what" with a
+# word of time asks "when". "how" and "why" are ``asks``'s.
+_WH = {"who": "who", "whom": "who", "whose": "who", "when": "when", "where": "where",
+       "what": "what", "which": "what", "whats": "what", "what's": "what"}
+_NOT_WHAT = frozenset({"who", "when", "where"})
+_WHEN_NOUNS = frozenset("time year years day days month months date age hour season".split())
+
 _WHAT_IS = (("what", "is"), ("what", "are"), ("what's",), ("whats",), ("define",),
             ("meaning", "of"), ("definition", "of"))
+_ARTICLES = frozenset({"a", "an", "the"})
+MAX_DEFINED = 3
 _FILLER = frozenset("the a an please of is are do does to in and".split())
 MAX_SLOT = 3
 # Words that open a noun phrase: a slot after or starting with one names a thing.
@@ -61,9 +77,11 @@ _PHRASE_OPENERS = frozenset("a an the of for in on at to with about from by into
 class Asking:
     asks: str  # "why", "how" (a way to do something) or "" (anything else)
     tense: str  # "past", "future" or "" (present or none marked)
-    mood: str  # "make" (asks for something to be made), "what-is" (a definition) or ""
+    mood: str  # "make" (asks for something to be made), "what-is" (a definition),
+    #            "judge" (a verdict on given content) or ""
     words: tuple[str, ...]  # words in order, filler dropped, numbers kept
     tokens: tuple[str, ...] = ()  # every word in order
+    wh: str = ""  # "who", "when", "where", "what" (the first question word) or ""
 
 
 def _asks(words: list[str]) -> str:
@@ -87,22 +105,59 @@ def _tense(words: list[str]) -> str:
     return "past" if past else "future"
 
 
+def _request(words: Sequence[str]) -> list[str]:
+    """The words from where the request starts, chat openers ("hey quick question") dropped."""
+    start = 0
+    while start < len(words) and words[start] in _OPENERS:
+        start += 1
+    return list(words[start:])
+
+
 def _mood(words: list[str]) -> str:
+    words = _request(words)
     if not words:
         return ""
-    if words[0] in _MAKE or (words[0] in ("can", "could") and len(words) > 2
-                             and words[1] == "you" and words[2] in _MAKE):
+    if words[0] in _MAKE or (words[0] in ("can", "could", "would") and words[1:2] == ["you"]
+                             and words[2:3] != [] and (words[2] in _MAKE or (
+                                 words[2] == "please" and words[3:4] != []
+                                 and words[3] in _MAKE))):
         return "make"
+    if words[0] in _YES_NO:
+        return "yes-no"
     for opener in _WHAT_IS:
         if tuple(words[:len(opener)]) == opener:
             return "what-is"
     return ""
 
 
+def defines(one: Asking) -> bool:
+    """Asks only what a thing is: "what is a deload week", "define entropy" -- the
+    opener, an article at most, and a bare name of a few words (no number, no
+    preposition: "what is 100 f in celsius" or "what's the return policy at costco"
+    ask something else)."""
+    if one.mood != "what-is":
+        return False
+    words = tuple(_request(one.tokens))
+    opener = next(o for o in _WHAT_IS if words[:len(o)] == o)
+    rest = [w for w in words[len(opener):] if w not in _ARTICLES]
+    return (0 < len(rest) <= MAX_DEFINED and not any(w in _PHRASE_OPENERS for w in rest)
+            and all(w.replace("'", "").isalpha() for w in rest))
+
+
+def _wh(words: list[str]) -> str:
+    """The question word that opens the question (after chat openers), if any."""
+    words = _request(words)
+    kind = _WH.get(words[0], "") if words else ""
+    if kind == "what" and words[1:2] and words[1] in _WHEN_NOUNS:
+        return "when"
+    return kind
+
+
 def asking(text: str) -> Asking:
     words = _WORD.findall(text.lower().replace("’", "'"))
     return Asking(_asks(words), _tense(words), _mood(words),
-                  tuple(w for w in words if w not in _FILLER), tuple(words))
+                  tuple(w for w in words if w not in _FILLER), tuple(words),
+                  _wh(words))
 
 
 def transposed(one: tuple[str, ...], other: tuple[str, ...]) -> bool:
@@ -115,6 +170,28 @@ def transposed(one: tuple[str, ...], other: tuple[str, ...]) -> bool:
     i, j = differ
     return (j - i >= 2 and wording.same_word(one[i], other[j])
             and wording.same_word(one[j], other[i]))
+
+
+def phrases_swapped(one: tuple[str, ...], other: tuple[str, ...]) -> bool:
+    """The same words with two phrases of up to ``MAX_SLOT`` words trading places
+    around at least one word in between: "turn my home into a rental" / "turn my
+    rental into my home", "from celsius to kelvin" / "from kelvin to celsius"."""
+    if len(one) != len(other) or len(one) < 3:
+        return False
+    start = 0
+    while start < len(one) and wording.same_word(one[start], other[start]):
+        start += 1
+    end = len(one)
+    while end > start and wording.same_word(one[end - 1], other[end - 1]):
+        end -= 1
+    middle, swapped = one[start:end], other[start:end]
+    for first in range(1, min(MAX_SLOT, len(middle)) + 1):
+        for last in range(1, min(MAX_SLOT, len(middle) - first - 1) + 1):
+            a, between, b = middle[:first], middle[first:len(middle) - last], middle[-last:]
+            candidate = b + between + a
+            if all(wording.same_word(x, y) for x, y in zip(candidate, swapped)):
+                return True
+    return False
 
 
 def _is_content(word: str) -> bool:
@@ -151,7 +228,16 @@ def differs(new: Asking, cached: Asking) -> str | None:
         return "tense"
     if {new.mood, cached.mood} == {"make", "what-is"}:
         return "make vs what is"
-    if transposed(new.words, cached.words):
+    if {new.mood, cached.mood} == {"make", "yes-no"}:
+        return "make vs yes or no"
+    if (new.mood == "make" and cached.wh in _NOT_WHAT) or (
+            cached.mood == "make" and new.wh in _NOT_WHAT):
+        return "make vs who, when or where"
+    if (defines(new) and cached.wh in _NOT_WHAT) or (defines(cached) and new.wh in _NOT_WHAT):
+        return "what is vs who, when or where"
+    if (defines(new) and cached.asks == "how") or (defines(cached) and new.asks == "how"):
+        return "what is vs how"
+    if transposed(new.words, cached.words) or phrases_swapped(new.words, cached.words):
         return "roles swapped"
     if slot_filled_differently(new.tokens, cached.tokens):
         return "slot"

@@ -126,12 +126,34 @@ _ANTONYM_PAIRS = (
     ("rise", "fall"), ("gain", "loss"), ("profit", "loss"), ("success", "failure"),
     ("accept", "reject"), ("allow", "deny"), ("include", "exclude"), ("join", "leave"),
     ("mount", "unmount"), ("install", "uninstall"), ("lock", "unlock"), ("on", "off"),
+    ("most", "least"),
 )
 # word -> the words that mean its opposite
 _OPPOSITE_OF: dict[str, set[str]] = {}
 for _a, _b in _ANTONYM_PAIRS:
     _OPPOSITE_OF.setdefault(_a, set()).add(_b)
     _OPPOSITE_OF.setdefault(_b, set()).add(_a)
+
+
+def _opposable(word: str) -> tuple[str, ...]:
+    """``word`` if it has an opposite, and, for a comparative or superlative
+    ("hottest", "colder", "cheapest"), the word it is made from if that has one."""
+    return tuple(w for w in dict.fromkeys((word, _base(word))) if w is not None
+                 and w in _OPPOSITE_OF)
+
+
+def _base(word: str) -> str | None:
+    for suffix in ("est", "er"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            base = word[:-len(suffix)]
+            doubled = base[:-1] if len(base) > 3 and base[-1] == base[-2] else base
+            for candidate in (base, doubled, base + "e", base[:-1] + "y" if base.endswith("i")
+                              else base):
+                if candidate in _OPPOSITE_OF:
+                    return candidate
+    return None
+
+
 # Words written capitalized at a sentence start, or always, that name nothing.
 _COMMON = {
     "i", "what", "how", "why", "when", "where", "which", "who", "whom", "whose", "is", "are",
@@ -277,7 +299,8 @@ def facts(text: str) -> Facts:
     words = _words(text)
     return Facts(_numbers(text, words), _units(text), _negations(words),
                  _entities(text), _identifiers(text), tuple(w for w in words if w not in _FILLER),
-                 frozenset(w for w in words if w in _OPPOSITE_OF), wording.content_words(text),
+                 frozenset(f for w in words for f in _opposable(w)),
+                 wording.content_words(text),
                  asking.asking(text))
 
 
@@ -293,6 +316,8 @@ def compare(new: Facts, cached: Facts) -> str | None:
         return "identifiers"
     if _opposed(new.opposites, cached.opposites) or _opposed(cached.opposites, new.opposites):
         return "opposites"
+    if _negated_word(new.content, cached.content) or _negated_word(cached.content, new.content):
+        return "negated word"
     if not _mentioned(new.entities, cached) or not _mentioned(cached.entities, new):
         return "entities"
     # The same words in another order: "A compared to B" is not "B compared to A".
@@ -312,6 +337,17 @@ def _mentioned(entities: tuple[str, ...], other: Facts) -> bool:
 def _opposed(one: frozenset[str], other: frozenset[str]) -> bool:
     """``other`` uses the opposite of a word of ``one`` that it does not use itself."""
     return any(word not in other and _OPPOSITE_OF[word] & (other - one) for word in one)
+
+
+_NEGATING_PREFIXES = ("un", "in", "im", "il", "ir", "non", "dis")
+
+
+def _negated_word(one: tuple[str, ...], other: tuple[str, ...]) -> bool:
+    """``other`` has a word of ``one`` with a negating prefix ("rational" /
+    "irrational", "likely" / "unlikely") and not the word itself."""
+    mine, theirs = set(one), set(other)
+    return any(prefix + word in theirs and word not in theirs and prefix + word not in mine
+               for word in mine if len(word) >= 4 for prefix in _NEGATING_PREFIXES)
 
 
 def check(new: str, cached: str) -> str | None:

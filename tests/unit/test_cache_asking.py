@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cache.asking import asking, differs, slot_filled_differently, transposed
+from gateway.cache.asking import (
+    asking,
+    defines,
+    differs,
+    phrases_swapped,
+    slot_filled_differently,
+    transposed,
+)
 from gateway.cache.guards import check
 
 
@@ -25,6 +32,16 @@ from gateway.cache.guards import check
     ("is camping allowed in the national park", "is camping allowed in yosemite", "slot"),
     ("how to reverse a list in python", "how to reverse a list of tuples by the second item "
      "in python", "slot"),
+    ("what is a sourdough starter", "how do i make a sourdough starter", "what is vs how"),
+    ("what is mortgage escrow", "who holds the escrow on a mortgage",
+     "what is vs who, when or where"),
+    ("hey, what is the mona lisa", "who painted the mona lisa", "what is vs who, when or where"),
+    ("is this haiku correct: old pond, frog jumps in", "rewrite this haiku: old pond, frog jumps in",
+     "make vs yes or no"),
+    ("who was ada lovelace", "write a short poem about ada lovelace",
+     "make vs who, when or where"),
+    ("how do i turn a spare bedroom into an office",
+     "how do i turn an office into a spare bedroom", "roles swapped"),
 ])
 def test_questions_that_ask_another_way_are_refused(cached: str, new: str, reason: str) -> None:
     assert differs(asking(new), asking(cached)) == reason
@@ -41,10 +58,31 @@ def test_questions_that_ask_another_way_are_refused(cached: str, new: str, reaso
     ("what causes thunder", "why is there thunder"),
     ("how do i get to the airport from downtown", "best way from downtown to the airport"),
     ("is it safe to swim after eating", "is swimming after eating safe"),
+    ("what is a sourdough starter", "what's a sourdough starter exactly"),
+    ("what is the best way to store basil", "how do i store basil"),
+    ("hey quick question, what is a roth ira", "define roth ira"),
+    ("can you write a limerick about cats", "write me a limerick about cats"),
+    ("which planet is the hottest", "what is the hottest planet"),
 ])
 def test_paraphrases_that_ask_the_same_way_pass(cached: str, new: str) -> None:
     assert differs(asking(new), asking(cached)) is None
     assert check(new, cached) is None
+
+
+def test_a_definition_is_a_bare_name_after_what_is() -> None:
+    assert defines(asking("hey quick question, what's avogadro's number"))
+    assert defines(asking("define entropy"))
+    # A number, a preposition or a long phrase asks something else than what a thing is.
+    assert not defines(asking("what is 100 fahrenheit in celsius"))
+    assert not defines(asking("what's the return policy at costco"))
+    assert not defines(asking("what is the best way to store fresh basil"))
+    assert not defines(asking("how do i store basil"))
+
+
+def test_phrases_swapped_need_a_word_between_them() -> None:
+    assert phrases_swapped(("convert", "primary", "home", "into", "rental"),
+                           ("convert", "rental", "into", "primary", "home"))
+    assert not phrases_swapped(("reverse", "python", "list"), ("reverse", "list", "python"))
 
 
 def test_how_asking_for_a_quantity_is_not_how_to() -> None:

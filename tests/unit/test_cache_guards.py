@@ -30,6 +30,15 @@ from gateway.cache.guards import check, facts
     ("What does git push --force do?", "What does git push --dry-run do?", "identifiers"),
     ("Sort the list in ascending order", "Sort the list in descending order", "opposites"),
     ("How do I upload a file with curl?", "How do I download a file with curl?", "opposites"),
+    # comparatives and superlatives of a word with an opposite
+    ("which planet is the hottest", "which planet is the coldest", "opposites"),
+    ("what's the cheapest flight to rome", "what's the most expensive flight to rome",
+     "opposites"),
+    ("is the bus slower than the tram", "is the bus faster than the tram", "opposites"),
+    # a negating prefix
+    ("which metals are magnetic", "which metals are nonmagnetic", "negated word"),
+    ("is it likely to rain in lisbon in may", "is it unlikely to rain in lisbon in may",
+     "negated word"),
     ("Rules of chess compared to checkers", "Rules of checkers compared to chess", "word order"),
     # Content words: one changed in an otherwise identical question, or one added.
     ("is the 7 am train to boston crowded", "is the 7 pm train to boston crowded", "changed words"),
