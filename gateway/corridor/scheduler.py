@@ -91,6 +91,10 @@ class Scheduler:
         self.hedge_budget = HedgeBudget(ratio=h.budget_ratio, burst=h.budget_burst)
         self.counters: dict[str, int] = {}
         self.transitions: list[BreakerTransition] = []
+        # Each model's workers as candidates, built once per registry snapshot
+        # (a submit looks at them three to five times).
+        self._serving_of: RegistrySnapshot | None = None
+        self._serving: dict[str, tuple[tuple[Candidate, WorkerRecord], ...]] = {}
 
     # -- the request path's calls ---------------------------------------------
 
@@ -324,19 +328,19 @@ class Scheduler:
         return [wid for wid, (c, _) in self._candidates(model, now).items() if not c.draining]
 
     def _candidates(self, model: str, now: float) -> dict[str, tuple[Candidate, WorkerRecord]]:
-        out: dict[str, tuple[Candidate, WorkerRecord]] = {}
-        for record in self.directory.value.serving(model):
-            wid = record.registration.worker_id
-            if self._breaker(wid).state(now) is BreakerState.OPEN:
-                continue
-            out[wid] = (Candidate(
-                worker_id=wid, slots=record.registration.slots,
-                reported_active=record.load.active, reported_queued=record.load.queued,
-                draining=record.load.draining, kind=record.registration.kind,
-                tokens_per_s=record.load.tokens_per_s,
-                pop=record.registration.labels.get("pop"),
-                tier=record.registration.labels.get("tier")), record)
-        return out
+        """``model``'s workers whose breaker is not open, by worker id."""
+        return {c.worker_id: (c, record) for c, record in self._serving_candidates(model)
+                if self._breaker(c.worker_id).state(now) is not BreakerState.OPEN}
+
+    def _serving_candidates(self, model: str) -> tuple[tuple[Candidate, WorkerRecord], ...]:
+        snapshot = self.directory.value
+        if snapshot is not self._serving_of:
+            self._serving_of, self._serving = snapshot, {}
+        serving = self._serving.get(model)
+        if serving is None:
+            serving = self._serving[model] = tuple(
+                (_candidate(record), record) for record in snapshot.serving(model))
+        return serving
 
     def _has_free_slot(self, model: str, now: float) -> bool:
         return any(self.inflight.get(wid, 0) < c.slots and not c.draining
@@ -446,9 +450,9 @@ class Scheduler:
         return predictor
 
     def _capacity(self, model: str) -> Capacity:
-        records = self.directory.value.serving(model)
-        slots = sum(r.registration.slots for r in records if not r.load.draining)
-        busy = sum(self.inflight.get(r.registration.worker_id, 0) for r in records)
+        serving = self._serving_candidates(model)
+        slots = sum(c.slots for c, _ in serving if not c.draining)
+        busy = sum(self.inflight.get(c.worker_id, 0) for c, _ in serving)
         return Capacity(slots, busy)
 
     def _count(self, name: str) -> None:
@@ -465,3 +469,12 @@ class Scheduler:
                              "requests": self.hedge_budget.requests_seen,
                              "spent": self.hedge_budget.hedges_spent},
         }
+
+
+def _candidate(record: WorkerRecord) -> Candidate:
+    registration, load = record.registration, record.load
+    return Candidate(
+        worker_id=registration.worker_id, slots=registration.slots,
+        reported_active=load.active, reported_queued=load.queued, draining=load.draining,
+        kind=registration.kind, tokens_per_s=load.tokens_per_s,
+        pop=registration.labels.get("pop"), tier=registration.labels.get("tier"))
