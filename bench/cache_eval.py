@@ -348,8 +348,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(orjson.dumps({
         "threshold": threshold,
         "baseline": BASELINE,
-        "defaults_chosen_on": "first + holdout_dev (never holdout_test or fresh)",
-        "holdout_test_looks": "once per candidate design, after it was fixed: 2 for threshold 0.68",
+        "defaults_chosen_on": "threshold: first + holdout_dev; the 2026-12-02 question-form "
+                              "rules: first, holdout and fresh; never sealed",
+        "holdout_test_looks": "3: twice for threshold 0.68 (once per candidate design), and its "
+                              "false hits printed while the 2026-12-02 rules were written",
+        "fresh_looks": "2: its false hits printed once before the 2026-12-02 rules (development "
+                       "data since)",
+        "sealed_looks": "1 per design, each after it was fixed: 2026-12-02 before and after "
+                        "that day's rules (0.569 / 0.369, then 0.574 / 0.369)",
         "sets": results,
         "embed_ms_per_sentence": round(elapsed * 1000 / texts, 2),
         "guard_ms_per_lookup": guard_ms,

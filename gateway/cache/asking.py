@@ -21,7 +21,13 @@ a sentence embedding, an average over the words, barely sees it:
 - **roles** — the same words with two of them trading places ("can dogs eat
   cat food" / "can cats eat dog food", "5 to the power of 2"): a
   transposition of two words that are not neighbours, everything else in
-  place.
+  place; or two phrases of up to ``MAX_SLOT`` words around a word between
+  them ("turn my home into a rental" / "turn my rental into my home");
+- **the kind of answer** — a bare "what is X" (a definition) is not "how do
+  i X" nor "who / when / where ... X"; a request to make something ("write
+  a poem about X", "rewrite this: ...") is not a yes-or-no verdict ("is this
+  correct: ...") nor a who / when / where question. Chat openers ("hey
+  quick question") are skipped before the request is read.
 
 Each is a word-level feature of one question (``Asking``), compared pairwise
 by ``differs``; none lists the words of a particular subject. Pure.
@@ -78,7 +84,7 @@ class Asking:
     asks: str  # "why", "how" (a way to do something) or "" (anything else)
     tense: str  # "past", "future" or "" (present or none marked)
     mood: str  # "make" (asks for something to be made), "what-is" (a definition),
-    #            "judge" (a verdict on given content) or ""
+    #            "yes-no" (a verdict: "is this paragraph clear") or ""
     words: tuple[str, ...]  # words in order, filler dropped, numbers kept
     tokens: tuple[str, ...] = ()  # every word in order
     wh: str = ""  # "who", "when", "where", "what" (the first question word) or ""
@@ -117,10 +123,10 @@ def _mood(words: list[str]) -> str:
     words = _request(words)
     if not words:
         return ""
-    if words[0] in _MAKE or (words[0] in ("can", "could", "would") and words[1:2] == ["you"]
-                             and words[2:3] != [] and (words[2] in _MAKE or (
-                                 words[2] == "please" and words[3:4] != []
-                                 and words[3] in _MAKE))):
+    asked = words[2:] if words[0] in ("can", "could", "would") and words[1:2] == ["you"] else []
+    if asked[:1] == ["please"]:
+        asked = asked[1:]
+    if words[0] in _MAKE or asked[:1] and asked[0] in _MAKE:
         return "make"
     if words[0] in _YES_NO:
         return "yes-no"
