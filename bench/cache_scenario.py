@@ -34,7 +34,8 @@ counted (``unexpected``), not measured. A paraphrase whose semantic lookup
 missed (``semantic_lookups_not_hit``: on a busy machine the embedding can
 outlast the cache's embed timeout, and the lookup is then a miss by design)
 has its own freshly stored answer purged through the admin API, so the next
-ask is a semantic lookup again rather than an exact hit. Before measuring, the scenario waits
+ask is a semantic lookup again rather than an exact hit. The scenario's policy
+turns the semantic cache on (the shipped policy leaves it off). Before measuring, the scenario waits
 for the gateway's embedding model (``GET /admin/cache`` → ``semantic_ready``).
 
 ``semantic_precision`` / ``semantic_recall`` come from ``bench.cache_eval``
@@ -80,6 +81,7 @@ tenants:
               tokens_burst: 100000000, max_concurrency: 10000}}
 models:
   - name: {MODEL}
+cache: {{semantic: {{enabled: true}}}}  # off as shipped; the semantic hits are measured here
 """
 
 

@@ -1,25 +1,28 @@
 """Memory: everything a gateway keeps resident, by cache setting.
 
 ``hedgerow bench scenario memory [--quick]``. A gateway is more than its own
-process: with the shipped policy (response cache on, semantic part on) it
-starts an embedding sidecar (``gateway.cache.embed_sidecar``) that holds
-MiniLM. A figure for the gateway process alone is the figure of a gateway
-nobody runs, so each case reports the whole tree beside it. Four cases, one
-after the other, each on a fresh control plane, simulated worker and gateway:
+process once its policy turns the semantic cache on: it then starts an
+embedding sidecar (``gateway.cache.embed_sidecar``) that holds MiniLM. The
+shipped policy leaves the semantic part off (exact cache on), so its gateway
+is one process. Each case reports the whole tree beside the gateway process.
+Five cases, one after the other, each on a fresh control plane, simulated
+worker and gateway:
 
-- ``default``: ``policies/default.yaml`` as shipped (the sidecar runs; the
-  gateway is measured after its model is loaded, ``semantic_ready``), as
-  ``hedgerow gateway --processes 1``;
+- ``default``: ``policies/default.yaml`` as shipped (exact cache on, semantic
+  part off: no sidecar), as ``hedgerow gateway --processes 1``;
 - ``default_all_cores``: the same as a plain ``hedgerow gateway`` runs on
-  this host: ``--processes`` = the cores it may use (a supervisor, N gateway
-  processes and the one sidecar they share; ``gateway_rss_mb`` is then the
-  supervisor alone);
-- ``semantic_off``: the same with ``cache.semantic.enabled: false``;
-- ``cache_off``: the same with ``cache.enabled: false``.
+  this host: ``--processes`` = the cores it may use (a supervisor and N
+  gateway processes; ``gateway_rss_mb`` is then the supervisor alone);
+- ``semantic_on``: the shipped policy with ``cache.semantic.enabled: true``
+  (the sidecar runs; the gateway is measured after its model is loaded,
+  ``semantic_ready``), ``--processes 1``;
+- ``semantic_on_all_cores``: the same with ``--processes`` = the cores (N
+  gateway processes and the one sidecar they share);
+- ``cache_off``: the shipped policy with ``cache.enabled: false``.
 
 In each, after a warm-up the client sends ``requests`` distinct cacheable
 questions (temperature 0, so each answer is stored: exact entries, and vectors
-for the default case) on one HTTPS connection, then the tree is read:
+where the semantic cache is on) on one HTTPS connection, then the tree is read:
 
 - ``gateway_rss_mb``: the gateway process alone (``VmRSS``);
 - ``tree_rss_mb``: the gateway and every descendant, summed (counts shared
@@ -34,31 +37,38 @@ from __future__ import annotations
 import logging
 import ssl
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
-import yaml
 
 from bench.procstat import PROC, process_tree, rss_mb
+from bench.shipped_policy import SEMANTIC_ON, shipped_policy, shipped_policy_text
 from bench.stack import Stack, free_port, free_port_run, wait_for
 from gateway.edge.processes import default_processes
 
 log = logging.getLogger("hedgerow.bench")
 
 MODEL = "smollm2-135m-instruct"
-DEFAULT_POLICY = Path(__file__).resolve().parents[1] / "policies" / "default.yaml"
 SEMANTIC_READY_TIMEOUT_S = 180.0
 SIM = ["--backend", "sim", "--sim-prefill-ms-per-token", "0.1",
        "--sim-decode-ms-per-token", "1", "--sim-output-tokens", "16"]
-ALL_CORES = {"default_all_cores"}
-CASES: dict[str, dict[str, Any]] = {
+ALL_CORES = {"default_all_cores", "semantic_on_all_cores"}
+CASES: dict[str, Mapping[str, Any]] = {  # overrides of the shipped policy's ``cache:``
     "default": {},
     "default_all_cores": {},
-    "semantic_off": {"semantic": {"enabled": False}},
+    "semantic_on": SEMANTIC_ON,
+    "semantic_on_all_cores": SEMANTIC_ON,
     "cache_off": {"enabled": False},
 }
+
+
+def wants_sidecar(name: str) -> bool:
+    """Whether the case's policy turns the semantic cache on (its sidecar runs)."""
+    cache = shipped_policy(CASES[name]).cache
+    return cache.enabled and cache.semantic.enabled
 
 
 def pss_mb(pid: int) -> float:
@@ -77,17 +87,6 @@ def tree_memory(pid: int) -> dict[str, Any]:
             "processes": len(members)}
 
 
-def policy_text(cache_overrides: dict[str, Any]) -> str:
-    document = yaml.safe_load(DEFAULT_POLICY.read_text())
-    cache = document.setdefault("cache", {})
-    for key, value in cache_overrides.items():
-        if isinstance(value, dict):
-            cache.setdefault(key, {}).update(value)
-        else:
-            cache[key] = value
-    return yaml.safe_dump(document)
-
-
 def _ask(http: httpx.Client, question: str) -> None:
     body = {"model": MODEL, "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": question}]}
@@ -102,14 +101,15 @@ def measure_case(name: str, workdir: Path, requests: int) -> dict[str, Any]:
     root = workdir / name
     root.mkdir(parents=True, exist_ok=True)
     policy = root / "policy.yaml"
-    policy.write_text(policy_text(CASES[name]))
+    policy.write_text(shipped_policy_text(CASES[name]))
     stack = Stack(root)
     try:
         stack.start_control_plane()
         stack.start_worker("sim-1", *SIM)
-        # One process, as ``hedgerow gateway --processes 1``; the all-cores case
+        # One process, as ``hedgerow gateway --processes 1``; the all-cores cases
         # as a plain ``hedgerow gateway`` runs on this host (a supervisor, N
-        # processes and the one sidecar they share; admin ports admin_port + i).
+        # processes and, semantic on, the one sidecar they share; admin ports
+        # admin_port + i).
         processes = default_processes() if name in ALL_CORES else 1
         admin_port = free_port() if processes == 1 else free_port_run(processes)
         gateway = stack.start_gateway("--policy", str(policy), "--admin-port", str(admin_port),
@@ -117,7 +117,7 @@ def measure_case(name: str, workdir: Path, requests: int) -> dict[str, Any]:
         admin = httpx.Client(base_url=f"https://127.0.0.1:{admin_port}", timeout=5,
                              verify=stack.admin_tls(check_hostname=False))
         started = time.monotonic()
-        if name in ("default", "default_all_cores"):
+        if wants_sidecar(name):
             wait_for(lambda: admin.get("/admin/cache").json()["semantic_ready"],
                      "the gateway's embedding model", SEMANTIC_READY_TIMEOUT_S)
         ready_s = time.monotonic() - started
@@ -144,8 +144,9 @@ def measure_case(name: str, workdir: Path, requests: int) -> dict[str, Any]:
 
 def memory(quick: bool, workdir: Path) -> dict[str, Any]:
     requests = 50 if quick else 500
-    result: dict[str, Any] = {"baseline": "the same gateway with the semantic cache off, and "
-                                          "with the response cache off; the shipped default first"}
+    result: dict[str, Any] = {"baseline": "the shipped default first (semantic cache off, no "
+                                          "sidecar), then with the semantic cache on (its "
+                                          "sidecar), and with the response cache off"}
     for name in CASES:
         log.info("memory: case %s", name)
         result[name] = measure_case(name, workdir, requests)

@@ -30,9 +30,9 @@
                 per-IP TCP connection flood: per attack, time until the abuser is cut
                 or contained, what it got through, and a good client's p50/p99
                 before and during it (``bench.attacks``).
-``memory``      resident memory of everything a gateway starts (its embedding
-                sidecar included) with the shipped policy, semantic cache off
-                and cache off (``bench.memory``).
+``memory``      resident memory of everything a gateway starts with the shipped
+                policy (semantic cache off), with the semantic cache on (its
+                embedding sidecar included) and cache off (``bench.memory``).
 ``soak``        mixed traffic with worker kills and freezes for ``--duration``
                 seconds; RSS over time, errors by kind, tasks left (``bench.soak``).
 

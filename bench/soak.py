@@ -85,6 +85,9 @@ tenants:
     limits: {{requests_per_s: 1, requests_burst: 2}}
 models:
   - name: {MODEL}
+# The semantic cache on (it ships off), as the soak has always run: its
+# embedding sidecar lives through the same faults and is in the RSS and tasks.
+cache: {{semantic: {{enabled: true}}}}
 """
 
 

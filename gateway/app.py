@@ -184,7 +184,10 @@ class GatewayApp(CompletionRoutes, EmbeddingRoutes):
             {"id": name, "object": "model", "created": 0, "owned_by": "hedgerow"}
             for name in self._models()]
         # ``kind`` (not OpenAI's) lets a chat client such as the page skip them.
-        embedding = [embeddings_api.MODEL] if self.embedding is not None else []
+        # The built-in embedding model is listed while it runs or the policy starts it.
+        runs = self.embedding is not None and (self.embedding.ready() or (
+            self.cache is not None and self.cache.wants_embedder()))
+        embedding = [embeddings_api.MODEL] if runs else []
         embedding += [m for m in self.directory.value.embedding_models() if m not in embedding]
         data += [{"id": name, "object": "model", "created": 0, "owned_by": "hedgerow",
                   "kind": "embedding"} for name in embedding]

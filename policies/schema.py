@@ -336,7 +336,10 @@ class ExactCache(_Strict):
 
 
 class SemanticCache(_Strict):
-    enabled: bool = True
+    # Off unless a policy turns it on: on a labelled set it was never tuned on,
+    # only ~57% of its hits were right (docs/benchmarks.md, "Semantic accuracy
+    # on sets it was not tuned on"). Off, no embedding sidecar is started.
+    enabled: bool = False
     # Cosine similarity a cached question needs (and the guards must agree too);
     # 0.68 was chosen with the guards on first + holdout_dev (docs/benchmarks.md).
     threshold: float = Field(0.68, gt=0, le=1)

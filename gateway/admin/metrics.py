@@ -31,7 +31,8 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
   ``hedgerow_cache_entries{kind}`` (this gateway's memory), and the embedder's
   health: ``hedgerow_cache_embedder_ready``,
   ``hedgerow_cache_embedder_starts_total`` and
-  ``hedgerow_cache_embeds_failed_total{reason}`` (refused, lost).
+  ``hedgerow_cache_embeds_failed_total{reason}`` (refused, lost), exported only
+  while the policy turns the semantic cache on.
 - From ``ConnectionCap.stats()`` at scrape time (``watch_connections``):
   ``hedgerow_connections_open`` (TCP and QUIC connections open now,
   handshakes included), ``hedgerow_connections_limit`` (``--max-connections``) and

@@ -344,7 +344,11 @@ class ResponseCache:
 
     def _embedder_stats(self) -> dict[str, int]:
         """The embedder's health: its (sidecar) starts, and embeds refused (not
-        ready, queue full) or lost with a dead child; each of those was a miss."""
+        ready, queue full) or lost with a dead child; each of those was a miss.
+        Nothing while the policy leaves the semantic cache off (the default): an
+        embedder nobody started is not down (no HedgerowEmbedderDown)."""
+        if not self.wants_embedder():
+            return {}
         embedder = self.embedder
         return {"ready": int(bool(getattr(embedder, "ready", True))),
                 "starts": int(getattr(embedder, "starts", 0)),

@@ -4,8 +4,9 @@
 and then send nothing are all closed by the gateway within its bounds
 (TLS_HANDSHAKE_TIMEOUT_S, KEEP_ALIVE_TIMEOUT_S); meanwhile ordinary clients
 are served at once and the gateway's memory stays within a budget. The
-gateway runs as deployed by default, semantic cache on: its embedding model
-lives in a sidecar process, so the flood meets no torch in the gateway.
+gateway runs the shipped policy with the semantic cache turned on (it ships
+off), the heavier of the two: its embedding model lives in a sidecar process,
+so the flood meets no torch in the gateway.
 Repeated floods are not asserted on: see docs/reliability.md (the TLS layer,
 uvloop + OpenSSL, keeps some memory after each flood, less each time).
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.shipped_policy import SEMANTIC_ON, shipped_policy_text
 from gateway.edge.transport import KEEP_ALIVE_TIMEOUT_S, TLS_HANDSHAKE_TIMEOUT_S
 from tests.support.stack import Stack, free_port, wait_for
 from tests.support.streams import chat_body, client
@@ -43,9 +45,12 @@ FLOOD_RSS_BUDGET_MB = 96
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    stack = Stack(tmp_path_factory.mktemp("flood"))
+    root = tmp_path_factory.mktemp("flood")
+    policy = root / "policy.yaml"
+    policy.write_text(shipped_policy_text(SEMANTIC_ON))
+    stack = Stack(root)
     try:
-        stack.start_control_plane()
+        stack.start_control_plane(policy=policy)
         stack.start_worker("sim-1", *SIM)
         admin_port = free_port()
         stack.start_gateway("--drain-timeout-s", "1", "--admin-port", str(admin_port))

@@ -1,5 +1,8 @@
 """Stopping Hedgerow leaves nothing behind, and an idle gateway stops at once.
 
+Both tests run a policy with the semantic cache on (it ships off), so that the
+gateway has a child of its own, its embedding sidecar.
+
 - ``hedgerow up`` killed with SIGKILL (no chance to stop its children): every
   process it started, and theirs (the gateway's embedding sidecar), is gone
   within 2 s, and the ports are free for the next ``hedgerow up``.
@@ -27,11 +30,19 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.shipped_policy import SEMANTIC_ON, shipped_policy_text
 from tests.support.stack import Stack, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
+SIDECAR = "gateway.cache.embed_server"  # in the embedding sidecar's command line
+
+
+def _semantic_policy(root: Path) -> Path:
+    policy = root / "policy.yaml"
+    policy.write_text(shipped_policy_text(SEMANTIC_ON))
+    return policy
 
 
 def _children() -> dict[int, list[int]]:
@@ -95,7 +106,8 @@ def launcher(tmp_path: Path) -> Iterator[Launched]:
     log = (tmp_path / "up.log").open("wb")
     popen = subprocess.Popen(
         [sys.executable, "-m", "hedgerow.cli", "up", "--port", str(gateway_port),
-         "--control-plane-port", str(control_plane_port), "--state-dir", str(tmp_path / "state")],
+         "--control-plane-port", str(control_plane_port), "--state-dir", str(tmp_path / "state"),
+         "--policy", str(_semantic_policy(tmp_path))],
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"))
     launched = Launched(popen, gateway_port, control_plane_port)
@@ -116,11 +128,11 @@ def test_killing_the_launcher_kills_every_process_it_started(launcher: Launched)
         launcher.popen, launcher.gateway_port, launcher.control_plane_port)
     wait_for(lambda: _accepts(gateway_port) and _accepts(control_plane_port),
              "the control plane and the gateway to listen", 120)
-    wait_for(lambda: {"control-plane", "worker", "gateway"} <= {
+    wait_for(lambda: {"control-plane", "worker", "gateway", SIDECAR} <= {
         word for pid in _descendants(popen.pid) for word in _command_of(pid).split()},
-        "all three children", 30)
+        "all three children and the gateway's sidecar", 30)
     started = launcher.seen = _descendants(popen.pid)
-    assert len(started) >= 3, [_command_of(p) for p in started]
+    assert len(started) >= 4, [_command_of(p) for p in started]
 
     popen.send_signal(signal.SIGKILL)
     popen.wait(5)
@@ -141,7 +153,7 @@ def idle_gateway(tmp_path: Path) -> Iterator[Stack]:
     # Not waiting for readiness: the sidecar is still loading the model when the signal comes.
     stack = Stack(tmp_path)
     try:
-        stack.start_control_plane()
+        stack.start_control_plane(policy=_semantic_policy(tmp_path))
         stack.start_gateway(wait_ready=False)
         yield stack
     finally:
@@ -151,7 +163,11 @@ def idle_gateway(tmp_path: Path) -> Iterator[Stack]:
 def test_an_idle_gateway_exits_within_two_seconds_of_sigterm(idle_gateway: Stack) -> None:
     stack = idle_gateway
     gateway = next(p for p in stack.procs if p.name == "gateway")
-    sidecars = _descendants(gateway.popen.pid)
+    # The gateway starts its sidecar once the control plane's first policy
+    # (semantic cache on) has reached it: wait for the process, not its model.
+    sidecars = wait_for(lambda: {pid for pid in _descendants(gateway.popen.pid)
+                                 if SIDECAR in _command_of(pid)},
+                        "the gateway's embedding sidecar to start", 10)
     assert sidecars, "the gateway's embedding sidecar is running"
     tls = ssl.create_default_context(cafile=stack.ca_cert)
     with httpx.Client(base_url=stack.gateway_url, verify=tls) as h1, \

@@ -1,5 +1,7 @@
 """The official ``anthropic`` and ``openai`` SDKs against a live gateway and the real
-bundled model: Anthropic's Messages API (whole and streamed) and embeddings."""
+bundled model: Anthropic's Messages API (whole and streamed) and embeddings. The
+policy is the shipped one with the semantic cache on (it ships off): the
+built-in embedding model runs only then."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import openai
 import orjson
 import pytest
 
+from bench.shipped_policy import SEMANTIC_ON, shipped_policy_text
 from hedgerow.sse import SseParser
 from tests.support.stack import Stack, wait_for
 
@@ -28,9 +31,12 @@ ZERO = {"temperature": 0}
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    stack = Stack(tmp_path_factory.mktemp("anthropic"))
+    root = tmp_path_factory.mktemp("anthropic")
+    policy = root / "policy.yaml"
+    policy.write_text(shipped_policy_text(SEMANTIC_ON))
+    stack = Stack(root)
     try:
-        stack.start_control_plane()
+        stack.start_control_plane(policy=policy)
         stack.start_worker("w-main", "--slots", "2")
         stack.start_gateway()
         yield stack

@@ -31,7 +31,7 @@ models: [{name: m}, {name: n}]
 cache:
   redis_timeout_ms: 100
   redis_retry_after_s: 0.2
-  semantic: {threshold: 0.8}
+  semantic: {enabled: true, threshold: 0.8}
 """)
 ANSWER = CacheEntry("About 3.1 miles.", "stop", 12, 5, "m", 1)
 

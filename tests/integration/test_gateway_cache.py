@@ -134,7 +134,8 @@ async def test_a_paraphrase_is_a_semantic_hit_and_a_changed_number_is_not() -> N
     paraphrase = "How many miles is 5 km?"
     changed = "How far is 50 km in miles?"
     embedder = TableEmbedder([[asked, paraphrase, changed]])
-    async with gateway(Behaviour(tokens=TOKENS), cache={"enabled": True},
+    async with gateway(Behaviour(tokens=TOKENS),
+                       cache={"enabled": True, "semantic": {"enabled": True}},
                        embedder=embedder) as gw:
         first = await gw.stream(request=deterministic(content=asked))
         await until(first.finished.is_set)

@@ -6,7 +6,8 @@ would notice: both processes answer on the one port over TCP and over QUIC; a
 QUIC client that changes its source port mid-stream (connection migration,
 the mobile case) still gets its whole streamed answer; a killed process is
 restarted while the other keeps serving; the worker never runs more than its
-slots however the two processes dispatch; one embedding sidecar, the
+slots however the two processes dispatch; with the semantic cache on (the
+control plane's policy turns it on: it ships off) one embedding sidecar, the
 supervisor's, serves both processes' semantic caches. Every QUIC connection
 here goes through a Retry (``--quic-retry always``).
 """
@@ -33,6 +34,7 @@ from aioquic.asyncio import connect
 from aioquic.h3.connection import H3_ALPN
 from aioquic.quic.configuration import QuicConfiguration
 
+from bench.shipped_policy import SEMANTIC_ON, shipped_policy_text
 from tests.support.h3client import _H3ClientProtocol, _send_request, h3_request
 from tests.support.stack import Stack, free_port_run, scrape_metrics, wait_for
 from tests.support.streams import sse_data
@@ -48,9 +50,12 @@ SIM = ["--backend", "sim", "--sim-prefill-ms-per-token", "0.1",
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    stack = Stack(tmp_path_factory.mktemp("procs"))
+    root = tmp_path_factory.mktemp("procs")
+    policy = root / "policy.yaml"
+    policy.write_text(shipped_policy_text(SEMANTIC_ON))
+    stack = Stack(root)
     try:
-        stack.start_control_plane(lease_s=2.0)
+        stack.start_control_plane(lease_s=2.0, policy=policy)
         stack.start_worker("sim-2", *SIM, "--slots", str(SLOTS))
         admin = free_port_run(2)
         # Every QUIC client is sent a Retry first: its next Initial, addressed to
@@ -159,7 +164,7 @@ def _embed_servers_under(root: int) -> dict[int, int]:
 
 def test_both_processes_share_one_embedding_sidecar_and_get_semantic_hits(
         stack: Stack) -> None:
-    # The control plane's default policy turns the semantic cache on.
+    # The control plane's policy (the shipped one, semantic part on) turns it on.
     wait_for(lambda: all(_cache_stats(stack, i)["semantic_ready"] for i in (0, 1)),
              "both processes to reach the embedding sidecar", 120)
     supervisor = next(p for p in stack.procs if p.name == "gateway").popen.pid

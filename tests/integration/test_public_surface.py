@@ -123,8 +123,9 @@ def test_a_pinned_policy_is_served_without_the_control_plane(pinned: Stack) -> N
     with _client(pinned) as http:
         models = http.get("/v1/models")
         assert models.status_code == 200
-        # The chat model, and the embedding model the gateway runs (/v1/embeddings).
-        assert [m["id"] for m in models.json()["data"]] == [MODEL, "all-minilm-l6-v2"]
+        # The chat model only: the pinned policy leaves the semantic cache off (the
+        # default), so the gateway runs no embedding model to list.
+        assert [m["id"] for m in models.json()["data"]] == [MODEL]
         # Admitted under the pinned policy; only the workers are missing.
         refused = http.post("/v1/chat/completions", json={**CHAT, "model": MODEL})
         assert refused.status_code == 503

@@ -53,7 +53,7 @@ tenants:
 models: [{name: m}]
 cache:
   redis_timeout_ms: 1000
-  semantic: {threshold: 0.8}
+  semantic: {enabled: true, threshold: 0.8}
 """)
 ANSWER = CacheEntry("About 3.1 miles.", "stop", 12, 5, "m", 1)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from policies.schema import DEFAULT_POLICY_PATH
+from bench.shipped_policy import shipped_policy_text
 from tests.support.stack import Stack
 
 SIM = ["--backend", "sim", "--slots", "8", "--sim-prefill-ms-per-token", "0.1",
@@ -15,8 +15,7 @@ def start_capped_stack(root: Path, cap: int, *extra: str) -> Stack:
     """Control plane, one simulated worker and a gateway capped at ``cap``
     connections; the caller stops it (``stack.stop_all()``)."""
     policy = root / "policy.yaml"
-    policy.write_text(DEFAULT_POLICY_PATH.read_text().replace(
-        "  semantic:\n    enabled: true", "  semantic:\n    enabled: false", 1))
+    policy.write_text(shipped_policy_text({"semantic": {"enabled": False}}))
     stack = Stack(root)
     try:
         stack.start_control_plane()

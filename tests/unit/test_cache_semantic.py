@@ -138,6 +138,7 @@ anonymous_tenant: a
 classes: [{name: interactive, ttft_slo_ms: 1000, deadline_ms: 10000}]
 tenants: [{name: a, class: interactive}, {name: b, class: interactive}]
 models: [{name: m}]
+cache: {semantic: {enabled: true}}
 """)
 
 
@@ -223,7 +224,8 @@ async def test_the_cache_runs_under_the_supervisor() -> None:
 
 async def test_a_large_namespace_is_rebuilt_as_hnsw_off_the_event_loop() -> None:
     policy = parse_policy_document(
-        "models: [{name: m}]\ncache: {semantic: {hnsw_above: 20, threshold: 0.8}}\n")
+        "models: [{name: m}]\n"
+        "cache: {semantic: {enabled: true, hnsw_above: 20, threshold: 0.8}}\n")
     cache = ResponseCache(policy, embedder=WordsEmbedder())
     async with anyio.create_task_group() as tg:
         await tg.start(cache.run)

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.shipped_policy import SEMANTIC_ON, shipped_policy
 from gateway.admin.api import GatewayAdmin
 from gateway.cache import ResponseCache
 from gateway.cache.entry import CacheEntry
@@ -32,7 +33,9 @@ def answer(text: str) -> CacheEntry:
 
 
 async def seeded() -> ResponseCache:
-    cache = ResponseCache(load_policy(), embedder=WordsEmbedder())
+    # The semantic part on (it ships off): a purge must empty it too, and its
+    # guards' counters are among the metrics.
+    cache = ResponseCache(shipped_policy(SEMANTIC_ON), embedder=WordsEmbedder())
     for tenant in ("alice", "bob"):
         await cache.store(tenant, None, chat("Where do wrens nest?"), answer("In hedges."))
     return cache
@@ -101,3 +104,19 @@ async def test_the_cache_counters_are_on_the_gateway_metrics() -> None:
     rejected = {k: v for k, v in samples.items()
                 if k[0] == "hedgerow_cache_guard_rejections_total"}
     assert sum(rejected.values()) >= 1, text
+
+
+async def test_with_the_semantic_cache_off_no_embedder_health_is_exported() -> None:
+    # The shipped policy: its embedder is never started, so it is not "down"
+    # (an alert on hedgerow_cache_embedder_ready == 0 would fire on every gateway).
+    cache = ResponseCache(load_policy(), embedder=WordsEmbedder())
+    assert not cache.policy.cache.semantic.enabled
+    await cache.store("alice", None, chat("Where do wrens nest?"), answer("In hedges."))
+    metrics = GatewayMetrics()
+    metrics.watch_cache(cache.stats)
+    stats = {"counters": {}, "breakers": {}, "queued": {}, "inflight": {},
+             "hedge_budget": {"level": 0.0}}
+    text = metrics.render(stats, RegistrySnapshot(version=0)).decode()
+    names = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    assert "hedgerow_cache_entries" in names
+    assert not {n for n in names if n.startswith(("hedgerow_cache_embedder", "hedgerow_cache_embeds"))}
