@@ -67,8 +67,7 @@ CASES: dict[str, Mapping[str, Any]] = {  # overrides of the shipped policy's ``c
 
 def wants_sidecar(name: str) -> bool:
     """Whether the case's policy turns the semantic cache on (its sidecar runs)."""
-    cache = shipped_policy(CASES[name]).cache
-    return cache.enabled and cache.semantic.enabled
+    return shipped_policy(CASES[name]).cache.semantic_on
 
 
 def pss_mb(pid: int) -> float:

@@ -369,6 +369,11 @@ class Cache(_Strict):
     opt_in_models: tuple[Name, ...] = ()
     shared_namespaces: tuple[SharedNamespace, ...] = ()
 
+    @property
+    def semantic_on(self) -> bool:
+        """Both the cache and its semantic part on: the embedding model runs."""
+        return self.enabled and self.semantic.enabled
+
     @model_validator(mode="after")
     def _tenant_in_one_namespace(self) -> Cache:
         seen: set[str] = set()

@@ -202,8 +202,7 @@ class ResponseCache:
     def wants_embedder(self) -> bool:
         """Only a policy whose cache and semantic cache are both on uses the model:
         otherwise its process (about 400 MB resident) is not started at all."""
-        cache = self.policy.cache
-        return cache.enabled and cache.semantic.enabled
+        return self.policy.cache.semantic_on
 
     async def _embedder_while_wanted(self, run_embedder: Callable[[], Awaitable[None]]) -> None:
         """Run the embedder while the policy wants it: started when a policy turns the

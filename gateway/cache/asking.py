@@ -88,6 +88,7 @@ class Asking:
     words: tuple[str, ...]  # words in order, filler dropped, numbers kept
     tokens: tuple[str, ...] = ()  # every word in order
     wh: str = ""  # "who", "when", "where", "what" (the first question word) or ""
+    defines: bool = False  # asks only what a thing is (``_defines``)
 
 
 def _asks(words: list[str]) -> str:
@@ -120,7 +121,7 @@ def _request(words: Sequence[str]) -> list[str]:
 
 
 def _mood(words: list[str]) -> str:
-    words = _request(words)
+    """``words``: the request's (``_request``)."""
     if not words:
         return ""
     asked = words[2:] if words[0] in ("can", "could", "would") and words[1:2] == ["you"] else []
@@ -136,23 +137,21 @@ def _mood(words: list[str]) -> str:
     return ""
 
 
-def defines(one: Asking) -> bool:
+def _defines(words: list[str], mood: str) -> bool:
     """Asks only what a thing is: "what is a deload week", "define entropy" -- the
     opener, an article at most, and a bare name of a few words (no number, no
     preposition: "what is 100 f in celsius" or "what's the return policy at costco"
-    ask something else)."""
-    if one.mood != "what-is":
+    ask something else). ``words``: the request's."""
+    if mood != "what-is":
         return False
-    words = tuple(_request(one.tokens))
-    opener = next(o for o in _WHAT_IS if words[:len(o)] == o)
+    opener = next(o for o in _WHAT_IS if tuple(words[:len(o)]) == o)
     rest = [w for w in words[len(opener):] if w not in _ARTICLES]
     return (0 < len(rest) <= MAX_DEFINED and not any(w in _PHRASE_OPENERS for w in rest)
             and all(w.replace("'", "").isalpha() for w in rest))
 
 
 def _wh(words: list[str]) -> str:
-    """The question word that opens the question (after chat openers), if any."""
-    words = _request(words)
+    """The question word that opens the request (``words``), if any."""
     kind = _WH.get(words[0], "") if words else ""
     if kind == "what" and words[1:2] and words[1] in _WHEN_NOUNS:
         return "when"
@@ -161,27 +160,19 @@ def _wh(words: list[str]) -> str:
 
 def asking(text: str) -> Asking:
     words = _WORD.findall(text.lower().replace("’", "'"))
-    return Asking(_asks(words), _tense(words), _mood(words),
+    request = _request(words)
+    mood = _mood(request)
+    return Asking(_asks(words), _tense(words), mood,
                   tuple(w for w in words if w not in _FILLER), tuple(words),
-                  _wh(words))
-
-
-def transposed(one: tuple[str, ...], other: tuple[str, ...]) -> bool:
-    """The same words but two that are not neighbours trade places."""
-    if len(one) != len(other) or len(one) < 3:
-        return False
-    differ = [k for k, (a, b) in enumerate(zip(one, other)) if not wording.same_word(a, b)]
-    if len(differ) != 2:
-        return False
-    i, j = differ
-    return (j - i >= 2 and wording.same_word(one[i], other[j])
-            and wording.same_word(one[j], other[i]))
+                  _wh(request), _defines(request, mood))
 
 
 def phrases_swapped(one: tuple[str, ...], other: tuple[str, ...]) -> bool:
-    """The same words with two phrases of up to ``MAX_SLOT`` words trading places
-    around at least one word in between: "turn my home into a rental" / "turn my
-    rental into my home", "from celsius to kelvin" / "from kelvin to celsius"."""
+    """The same words with two words, or two phrases of up to ``MAX_SLOT`` words,
+    trading places around at least one word in between, the rest in place: "can
+    dogs eat cat food" / "can cats eat dog food", "turn my home into a rental" /
+    "turn my rental into my home" (neighbours trading places is a rewording:
+    "germany gdp" / "gdp of germany")."""
     if len(one) != len(other) or len(one) < 3:
         return False
     start = 0
@@ -239,11 +230,11 @@ def differs(new: Asking, cached: Asking) -> str | None:
     if (new.mood == "make" and cached.wh in _NOT_WHAT) or (
             cached.mood == "make" and new.wh in _NOT_WHAT):
         return "make vs who, when or where"
-    if (defines(new) and cached.wh in _NOT_WHAT) or (defines(cached) and new.wh in _NOT_WHAT):
+    if (new.defines and cached.wh in _NOT_WHAT) or (cached.defines and new.wh in _NOT_WHAT):
         return "what is vs who, when or where"
-    if (defines(new) and cached.asks == "how") or (defines(cached) and new.asks == "how"):
+    if (new.defines and cached.asks == "how") or (cached.defines and new.asks == "how"):
         return "what is vs how"
-    if transposed(new.words, cached.words) or phrases_swapped(new.words, cached.words):
+    if phrases_swapped(new.words, cached.words):
         return "roles swapped"
     if slot_filled_differently(new.tokens, cached.tokens):
         return "slot"

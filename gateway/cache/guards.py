@@ -138,19 +138,23 @@ for _a, _b in _ANTONYM_PAIRS:
 def _opposable(word: str) -> tuple[str, ...]:
     """``word`` if it has an opposite, and, for a comparative or superlative
     ("hottest", "colder", "cheapest"), the word it is made from if that has one."""
-    return tuple(w for w in dict.fromkeys((word, _base(word))) if w is not None
-                 and w in _OPPOSITE_OF)
+    return tuple(w for w in (word, _base(word)) if w is not None and w in _OPPOSITE_OF)
 
 
 def _base(word: str) -> str | None:
+    """The word a comparative or superlative is made from, when that word has an
+    opposite: "hottest" -> "hot", "larger" -> "large", "heavier" -> "heavy"."""
     for suffix in ("est", "er"):
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            base = word[:-len(suffix)]
-            doubled = base[:-1] if len(base) > 3 and base[-1] == base[-2] else base
-            for candidate in (base, doubled, base + "e", base[:-1] + "y" if base.endswith("i")
-                              else base):
-                if candidate in _OPPOSITE_OF:
-                    return candidate
+            stem = word[:-len(suffix)]
+            forms = [stem, stem + "e"]
+            if len(stem) > 3 and stem[-1] == stem[-2]:
+                forms.append(stem[:-1])
+            if stem.endswith("i"):
+                forms.append(stem[:-1] + "y")
+            found = next((f for f in forms if f in _OPPOSITE_OF), None)
+            if found is not None:
+                return found
     return None
 
 

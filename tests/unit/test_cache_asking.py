@@ -6,14 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cache.asking import (
-    asking,
-    defines,
-    differs,
-    phrases_swapped,
-    slot_filled_differently,
-    transposed,
-)
+from gateway.cache.asking import asking, differs, phrases_swapped, slot_filled_differently
 from gateway.cache.guards import check
 
 
@@ -70,13 +63,13 @@ def test_paraphrases_that_ask_the_same_way_pass(cached: str, new: str) -> None:
 
 
 def test_a_definition_is_a_bare_name_after_what_is() -> None:
-    assert defines(asking("hey quick question, what's avogadro's number"))
-    assert defines(asking("define entropy"))
+    assert asking("hey quick question, what's avogadro's number").defines
+    assert asking("define entropy").defines
     # A number, a preposition or a long phrase asks something else than what a thing is.
-    assert not defines(asking("what is 100 fahrenheit in celsius"))
-    assert not defines(asking("what's the return policy at costco"))
-    assert not defines(asking("what is the best way to store fresh basil"))
-    assert not defines(asking("how do i store basil"))
+    assert not asking("what is 100 fahrenheit in celsius").defines
+    assert not asking("what's the return policy at costco").defines
+    assert not asking("what is the best way to store fresh basil").defines
+    assert not asking("how do i store basil").defines
 
 
 def test_phrases_swapped_need_a_word_between_them() -> None:
@@ -102,9 +95,9 @@ def test_tense_is_marked_by_auxiliaries_and_periods_not_by_was() -> None:
 
 
 def test_a_transposition_needs_two_words_apart_and_the_rest_in_place() -> None:
-    assert transposed(("dogs", "eat", "cat", "food"), ("cats", "eat", "dog", "food"))
-    assert not transposed(("germany", "gdp"), ("gdp", "germany's"))  # neighbours: a rewording
-    assert not transposed(("a", "b", "c", "d"), ("c", "b", "a", "e"))
+    assert phrases_swapped(("dogs", "eat", "cat", "food"), ("cats", "eat", "dog", "food"))
+    assert not phrases_swapped(("germany", "gdp"), ("gdp", "germany's"))  # neighbours: a rewording
+    assert not phrases_swapped(("a", "b", "c", "d"), ("c", "b", "a", "e"))
 
 
 def test_a_slot_needs_a_content_word_before_it_and_a_noun_phrase() -> None:
