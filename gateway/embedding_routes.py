@@ -74,6 +74,11 @@ class EmbeddingRoutes(AppState):
         if model is None:
             raise ModelNotFound(f"the embedding model {parsed.model!r} does not exist",
                                 param="model")
+        if not model.ready() and not (self.cache is not None and self.cache.wants_embedder()):
+            # Not listed by /v1/models either: a 503 would have the client retry for ever.
+            raise ModelNotFound(f"the embedding model {parsed.model!r} is not served by this "
+                                "gateway: its policy leaves the semantic cache off "
+                                "(cache.semantic.enabled)", param="model")
         observed.labelled(embeddings_api.MODEL, identity.priority_class)
         check_model_allowed(identity.key, embeddings_api.MODEL)
         texts = parsed.texts()

@@ -7,9 +7,11 @@ embeds), so nothing is encoded on the event loop. The token counts for
 ``tokenizer.json`` (the Rust ``tokenizers`` library, a few MB, no torch),
 run on a worker thread.
 
-The embedder runs when the policy's semantic cache is enabled (the default);
-otherwise, or while it loads or is restarting, or when its queue is full,
-a request is a ``503 embeddings_unavailable`` with ``Retry-After``.
+The embedder runs when the policy's semantic cache is enabled (it ships
+off); while it loads or is restarting, or when its queue is full, a request
+is a ``503 embeddings_unavailable`` with ``Retry-After``. While the policy
+leaves it off the model is not served at all: ``404 model_not_found``, as
+``/v1/models`` does not list it (``gateway.embedding_routes``).
 """
 
 from __future__ import annotations

@@ -68,8 +68,8 @@ class LengthEmbedder:
 
 @asynccontextmanager
 async def gateway(embedder: LengthEmbedder, **sections: Any) -> AsyncIterator[Gateway]:
-    policy = make_policy(tenants=TENANTS, hedging={"enabled": False},
-                         cache={"enabled": True, "semantic": {"enabled": False}}, **sections)
+    sections.setdefault("cache", {"enabled": True, "semantic": {"enabled": False}})
+    policy = make_policy(tenants=TENANTS, hedging={"enabled": False}, **sections)
     async with running(policy, {"a": Behaviour()}) as rig:
         cache = ResponseCache(policy, embedder=embedder)
         app = GatewayApp(policy, LatestValue(RegistrySnapshot(version=0)), rig.scheduler,
@@ -124,7 +124,7 @@ async def test_the_tenants_tokens_per_min_applies_and_a_failed_request_gives_its
     # Embeddings used to count toward requests/s only: a tenant could embed
     # past its token rate. Each request here is 7 tokens; the burst holds 14.
     embedder = LengthEmbedder(ready=False)
-    async with gateway(embedder) as gw:
+    async with gateway(embedder, cache={"enabled": True, "semantic": {"enabled": True}}) as gw:
         failed = await embed(gw, bearer("key-v"))  # 503 after the charge: it goes back
         embedder.ready = True
         served = [await embed(gw, bearer("key-v")) for _ in range(2)]
@@ -152,11 +152,28 @@ async def test_keys_and_models(headers: list[tuple[bytes, bytes]], model: str, s
         assert client.json()["error"]["code"] == code
 
 
-async def test_an_embedder_that_is_not_running_is_a_503_to_retry() -> None:
-    async with gateway(LengthEmbedder(ready=False)) as gw:
+async def test_an_embedder_that_is_not_running_yet_is_a_503_to_retry() -> None:
+    # The policy runs it (semantic cache on): it is loading or restarting.
+    async with gateway(LengthEmbedder(ready=False),
+                       cache={"enabled": True, "semantic": {"enabled": True}}) as gw:
         client = await embed(gw)
     assert client.status == 503 and client.header("retry-after") == "1"
     assert client.json()["error"]["code"] == "embeddings_unavailable"
+
+
+async def test_the_model_is_not_found_while_the_policy_does_not_run_it() -> None:
+    # The shipped default: semantic cache off, no sidecar. /v1/models does not list
+    # the model, so a 503 "retry" would be a lie the client's retry loop believes.
+    async with gateway(LengthEmbedder(ready=False)) as gw:
+        client = await embed(gw)
+        listed = gw.start(Client("GET", "/v1/models", b""))
+        await until(listed.finished.is_set, timeout=30)
+    assert client.status == 404
+    assert b"retry-after" not in dict(client.sent[0]["headers"])
+    error = client.json()["error"]
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert "semantic cache off" in error["message"]
+    assert "all-MiniLM-L6-v2" not in [m["id"] for m in listed.json()["data"]]
 
 
 async def test_embeddings_spend_the_keys_budget_and_a_spent_one_is_refused_as_on_chat() -> None:
