@@ -4,11 +4,12 @@
 ``--admin-host`` (127.0.0.1 by default), apart from the public TLS port, so
 it is never reachable where clients are:
 
-- ``GET /admin/cache``: ``ResponseCache.stats()`` plus ``semantic``:
-  ``"off"`` (the policy's semantic cache is off, the shipped default: only
-  exact hits), ``"loading"`` (on, the embedding model still loading: semantic
-  lookups are misses) or ``"ready"``; and ``semantic_ready``, the embedding
-  model has loaded.
+- ``GET /admin/cache``: ``ResponseCache.stats()`` (``semantic``: the count
+  of semantic hits) plus ``semantic_cache``: ``"off"`` (the policy's
+  semantic cache is off, the shipped default: only exact hits),
+  ``"loading"`` (on, the embedding model still loading: semantic lookups
+  are misses) or ``"ready"``; and ``semantic_ready``, the embedding model
+  has loaded.
 - ``POST /admin/cache/purge`` with ``{"tenant"?, "model"?, "key"?}`` (at
   least one; together they must all match): removes the matching entries
   here and in Redis; other gateways on the same Redis drop their in-memory
@@ -129,8 +130,8 @@ class GatewayAdmin:
 
     async def stats(self, request: Request) -> None:
         ready = bool(getattr(self.cache.embedder, "ready", True))
-        semantic = "off" if not self.cache.wants_embedder() else "ready" if ready else "loading"
-        body = {**self.cache.stats(), "semantic": semantic, "semantic_ready": ready}
+        state = "off" if not self.cache.wants_embedder() else "ready" if ready else "loading"
+        body = {**self.cache.stats(), "semantic_cache": state, "semantic_ready": ready}
         await send_json(request.send, 200, body)
 
     async def purge(self, request: Request) -> None:

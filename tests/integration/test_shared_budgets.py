@@ -6,7 +6,7 @@ when Redis is gone."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
@@ -21,7 +21,11 @@ __all__ = ["redis_server"]
 
 pytestmark = pytest.mark.anyio
 
-NOW = datetime(2026, 12, 1, 10, tzinfo=UTC).timestamp()
+# Tomorrow, 10:00 UTC: Redis expires a counter after its window ends (EXPIREAT), so
+# a fixed date would run these tests against counters Redis deletes at once.
+TOMORROW = datetime.now(UTC).replace(hour=10, minute=0, second=0, microsecond=0) + timedelta(days=1)
+NOW = TOMORROW.timestamp()
+DAY, MONTH = TOMORROW.strftime("%Y-%m-%d"), TOMORROW.strftime("%Y-%m")
 KEY = VirtualKey(id="key_00000000000000aa", tenant="acme", hmac_sha256="a" * 64,
                  created_at=0.0, budgets=(Budget(period="day", tokens=100),))
 POLICY = Policy(classes=(PriorityClass(name="interactive", ttft_slo_ms=1000, deadline_ms=1000),),
@@ -47,13 +51,13 @@ async def test_a_budget_spent_on_one_gateway_is_refused_on_the_other(redis: Redi
     assert refused is not None and refused.code == "budget_exceeded"
     assert "key key_00000000000000aa may use 100 tokens per day" in refused.message
     # Nothing was reserved by the refusal, on either budget.
-    assert float(await redis.get("hedgerow:budget:key:key_00000000000000aa:day:tokens:"
-                                 "2026-12-01")) == 80
+    assert float(await redis.get(f"hedgerow:budget:key:key_00000000000000aa:day:tokens:{DAY}")
+                 ) == 80
     await first.settle(LINES, Spend(80, 0.1), Spend(20, 0.05), NOW)  # used less
     assert await second.reserve(LINES, Spend(30, 0.1), NOW) is None
-    cost = await redis.get("hedgerow:budget:tenant:acme:month:cost:2026-12")
+    cost = await redis.get(f"hedgerow:budget:tenant:acme:month:cost:{MONTH}")
     assert float(cost) == pytest.approx(0.15)
-    assert await redis.ttl("hedgerow:budget:tenant:acme:month:cost:2026-12") > 0
+    assert await redis.ttl(f"hedgerow:budget:tenant:acme:month:cost:{MONTH}") > 0
 
 
 async def test_without_redis_a_gateway_holds_budgets_on_its_own() -> None:

@@ -83,7 +83,7 @@ async def test_a_wrong_or_missing_token_and_an_empty_purge_are_refused() -> None
             assert (await admin.post("/admin/cache/purge", json=body)).status_code == 400
         stats = (await admin.get("/admin/cache")).json()
     assert stats["exact_entries"] == 2 and stats["semantic_ready"] is True
-    assert stats["semantic"] == "ready"
+    assert stats["semantic_cache"] == "ready"
 
 
 async def test_the_stats_say_the_semantic_cache_is_off_as_shipped() -> None:
@@ -92,7 +92,7 @@ async def test_the_stats_say_the_semantic_cache_is_off_as_shipped() -> None:
     cache = ResponseCache(shipped_policy(), embedder=WordsEmbedder())
     async with admin_client(cache) as admin:
         stats = (await admin.get("/admin/cache")).json()
-    assert stats["semantic"] == "off"
+    assert stats["semantic_cache"] == "off"
 
 
 async def test_the_cache_counters_are_on_the_gateway_metrics() -> None:
