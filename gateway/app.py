@@ -184,10 +184,7 @@ class GatewayApp(CompletionRoutes, EmbeddingRoutes):
             {"id": name, "object": "model", "created": 0, "owned_by": "hedgerow"}
             for name in self._models()]
         # ``kind`` (not OpenAI's) lets a chat client such as the page skip them.
-        # The built-in embedding model is listed while it runs or the policy starts it.
-        runs = self.embedding is not None and (self.embedding.ready() or (
-            self.cache is not None and self.cache.wants_embedder()))
-        embedding = [embeddings_api.MODEL] if runs else []
+        embedding = [embeddings_api.MODEL] if self.serves_builtin_embedder() else []
         embedding += [m for m in self.directory.value.embedding_models() if m not in embedding]
         data += [{"id": name, "object": "model", "created": 0, "owned_by": "hedgerow",
                   "kind": "embedding"} for name in embedding]

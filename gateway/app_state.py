@@ -43,3 +43,10 @@ class AppState:
     streams: StreamBook
     _flights: dict[str, Flight]
     embedding: EmbeddingModel | None
+
+    def serves_builtin_embedder(self) -> bool:
+        """The built-in embedding model is served (listed by ``/v1/models``,
+        answered by ``/v1/embeddings``) while it runs or the policy starts it;
+        otherwise it does not exist here, not "retry later"."""
+        return self.embedding is not None and (self.embedding.ready() or (
+            self.cache is not None and self.cache.wants_embedder()))

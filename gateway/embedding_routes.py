@@ -74,7 +74,7 @@ class EmbeddingRoutes(AppState):
         if model is None:
             raise ModelNotFound(f"the embedding model {parsed.model!r} does not exist",
                                 param="model")
-        if not model.ready() and not (self.cache is not None and self.cache.wants_embedder()):
+        if not self.serves_builtin_embedder():
             # Not listed by /v1/models either: a 503 would have the client retry for ever.
             raise ModelNotFound(f"the embedding model {parsed.model!r} is not served by this "
                                 "gateway: its policy leaves the semantic cache off "
