@@ -12,6 +12,7 @@ and every worker and gateway joins with one (mutual TLS everywhere).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import ssl
@@ -29,18 +30,37 @@ from hedgerow.trust.pem import KEY_MODE, write_atomically
 START_TIMEOUT_S = 60.0
 
 
-def free_port() -> int:
-    """A port free for both TCP and UDP on 127.0.0.1 (the gateway needs both)."""
-    for _ in range(100):
+# Ports are drawn below the kernel's ephemeral range (32768-60999 on Linux):
+# a port the kernel hands out for bind(0) is free only until some outgoing
+# connection takes it as its source port, and the child that is meant to
+# listen on it binds seconds later. Below that range only a listener can
+# take it, and each port is handed out once per process.
+_PORT_RANGE = (20000, 32000)
+_handed_out: set[int] = set()
+_draw = random.Random()
+
+
+def _bindable(port: int) -> bool:
+    try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-            tcp.bind(("127.0.0.1", 0))
-            port = int(tcp.getsockname()[1])
-            try:
-                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                    udp.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
+            tcp.bind(("127.0.0.1", port))
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                udp.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
+
+
+def free_port() -> int:
+    """A port free for both TCP and UDP on 127.0.0.1 (the gateway needs both),
+    outside the ephemeral range so no outgoing connection takes it before the
+    process meant to listen on it binds."""
+    for _ in range(500):
+        port = _draw.randrange(*_PORT_RANGE)
+        if port in _handed_out or not _bindable(port):
+            continue
+        _handed_out.add(port)
+        return port
     raise RuntimeError("no port free on both TCP and UDP")
 
 
@@ -49,7 +69,7 @@ def free_port_run(count: int) -> int:
     ``hedgerow gateway --processes count`` (process i at the first + i)."""
     for _ in range(50):
         first = free_port()
-        if first + count - 1 > 65535:
+        if any(port in _handed_out for port in range(first + 1, first + count)):
             continue
         probes: list[socket.socket] = []
         try:
@@ -57,6 +77,7 @@ def free_port_run(count: int) -> int:
                 probe = socket.socket()
                 probes.append(probe)
                 probe.bind(("127.0.0.1", port))
+            _handed_out.update(range(first + 1, first + count))
             return first
         except OSError:
             continue
@@ -190,7 +211,9 @@ class Stack:
         return self.root / "state" / "tls" / "ca.pem"
 
     def spawn(self, name: str, *args: str) -> Proc:
-        log_path = self.root / f"{name}.log"
+        # A second process of the same name (two gateways) gets a log of its own.
+        same = sum(1 for proc in self.procs if proc.name == name)
+        log_path = self.root / (f"{name}.log" if not same else f"{name}-{same + 1}.log")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         popen = subprocess.Popen(
             [sys.executable, "-m", "hedgerow.cli", *args],

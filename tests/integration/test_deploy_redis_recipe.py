@@ -36,6 +36,7 @@ from gateway.cache.entry import CacheEntry
 from gateway.cache.store import ExactKey, RedisStore
 from hedgerow.wire import WorkerLoad, WorkerRegistration
 from tests.support.deploy_recipes import named, pod_spec, workloads
+from tests.support.stack import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -71,11 +72,6 @@ def write_tls(directory: Path) -> None:
     (directory / "tls.key").write_bytes(key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass

@@ -3,7 +3,6 @@ decoding, warm start before registration, quantization variants."""
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from hedgerow.asgi import Request, Router, send_json
 from hedgerow.serving import serve_internal
+from tests.support.stack import free_port
 from workers.backend import Finished, GenerationRequest, TokenChunk
 from workers.llama_backend import LlamaBackend
 from workers.main import WorkerOptions, run_worker
@@ -161,11 +161,6 @@ def control_plane(registrations: list[dict[str, Any]]) -> Router:
     router.add("DELETE", "/v1/workers/{worker_id}", ok)
     return router
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.mark.anyio

@@ -5,17 +5,13 @@ import sys
 from pathlib import Path
 
 from hedgerow.launcher import Stack, banner, busy_ports
+from tests.support.stack import free_port
 
 
 def stack_on(port: int, cp_port: int) -> Stack:
     return Stack(python=sys.executable, host="127.0.0.1", gateway_port=port,
                  control_plane_port=cp_port, state_dir=Path("state"), join_port=free_port())
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_busy_ports_names_what_is_taken() -> None:
