@@ -35,6 +35,7 @@ import orjson
 from bench.stack import Proc, free_port
 from gateway.edge.transport import build_config, serve
 from hedgerow.asgi import SSE_DONE, SSE_HEADERS, handle_lifespan
+from hedgerow.connection_cap import ConnectionCap
 
 MAX_BODY = 1 << 20
 MAX_TOKENS = 4096  # a stream is never longer, whatever a request asks
@@ -93,8 +94,10 @@ class FloorApp:
         await send({"type": "http.response.body", "body": tail})
 
 
-async def run(port: int, cert: Path, key: Path, prefill_ms: float, decode_ms: float) -> None:
-    config = build_config(host="127.0.0.1", port=port, certfile=cert, keyfile=key, http3=False)
+async def run(port: int, cert: Path, key: Path, prefill_ms: float, decode_ms: float,
+              http1: str = "hypercorn") -> None:
+    config = build_config(host="127.0.0.1", port=port, certfile=cert, keyfile=key, http3=False,
+                          native_http1=http1 == "native")
     stop = anyio.Event()
 
     async def on_signal() -> None:
@@ -105,23 +108,26 @@ async def run(port: int, cert: Path, key: Path, prefill_ms: float, decode_ms: fl
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(on_signal)
-        await serve(FloorApp(prefill_ms, decode_ms), config, stop.wait)  # type: ignore[arg-type]
+        # The gateway's accept loop too: the connection cap (as ``--max-connections``).
+        await serve(FloorApp(prefill_ms, decode_ms), config, stop.wait,  # type: ignore[arg-type]
+                    connection_cap=ConnectionCap())
         tg.cancel_scope.cancel()
 
 
 def start_floor_server(root: Path, cert: Path, key: Path, *, prefill_ms: float,
-                       decode_ms: float) -> tuple[Proc, str]:
+                       decode_ms: float, http1: str = "hypercorn") -> tuple[Proc, str]:
     """Start the floor server as its own process; the process and its URL."""
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    log_path = root / "floor.log"
+    log_path = root / f"floor-{http1}.log"
     popen = subprocess.Popen(
         [sys.executable, "-m", "bench.floor_server", "--port", str(port), "--cert", str(cert),
-         "--key", str(key), "--prefill-ms", str(prefill_ms), "--decode-ms", str(decode_ms)],
+         "--key", str(key), "--prefill-ms", str(prefill_ms), "--decode-ms", str(decode_ms),
+         "--http1", http1],
         stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])})
-    proc = Proc("floor", popen, log_path)
+    proc = Proc(f"floor-{http1}", popen, log_path)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if popen.poll() is not None:
@@ -143,8 +149,9 @@ def main() -> None:
     parser.add_argument("--key", type=Path, required=True)
     parser.add_argument("--prefill-ms", type=float, default=2.6)  # 13 prompt tokens x 0.2 ms
     parser.add_argument("--decode-ms", type=float, default=2.0)
+    parser.add_argument("--http1", choices=("hypercorn", "native"), default="hypercorn")
     args = parser.parse_args()
-    anyio.run(run, args.port, args.cert, args.key, args.prefill_ms, args.decode_ms,
+    anyio.run(run, args.port, args.cert, args.key, args.prefill_ms, args.decode_ms, args.http1,
               backend_options={"use_uvloop": True})
 
 

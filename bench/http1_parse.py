@@ -123,7 +123,7 @@ def h11_request_only() -> Callable[[], None]:
 
 def httptools_client() -> Callable[[list[bytes]], bytes] | None:
     try:
-        import httptools  # type: ignore[import-not-found]
+        import httptools
     except ImportError:
         return None
 

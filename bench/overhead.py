@@ -21,11 +21,16 @@ difference in tokens, so the per-request part cancels out.
 
 Two more targets serve the same stream themselves, for CPU only: the worker
 (measured while it is ``direct``) and ``floor`` (``bench.floor_server``: the
-gateway's own listener -- hypercorn, uvloop, TLS, every patch -- answering
-with a fixed worker-shaped stream and no corridor at all). Their CPU per
-request and per token (``worker_*``, ``floor_*``) is what the HTTP server and
-TLS cost in Python before any proxying; Hedgerow minus floor is what the
-corridor and the upstream hop add.
+gateway's own listener -- uvloop, TLS, the capped accept loop, HTTP/1.1 by
+``hedgerow.h1`` -- answering with a fixed worker-shaped stream and no
+corridor at all). Their CPU per request and per token (``worker_*``,
+``floor_*``) is what the HTTP server and TLS cost in Python before any
+proxying; Hedgerow minus floor is what the corridor and the upstream hop add.
+
+The shipped gateway serves HTTP/1.1 with ``hedgerow.h1``; the same run also
+measures a second gateway and a second floor with ``--http1 hypercorn``
+(hypercorn's h11 path, the only one before 2026-12-03): ``hedgerow_hypercorn``
+and ``floor_hypercorn``, so the change is shown against what it replaced.
 
 Reported: TTFT p50/p99 per target at the highest concurrency (and per level
 under ``by_streams``), each proxy's added latency (target minus direct), the
@@ -64,10 +69,14 @@ from bench.stack import Stack
 from bench.stats import percentile, tally
 
 MODEL = "smollm2-135m-instruct"
-TARGETS: tuple[str, ...] = ("direct", "hedgerow", "nginx", "floor")
-PROXIES: tuple[str, ...] = ("hedgerow", "nginx")
+TARGETS: tuple[str, ...] = ("direct", "hedgerow", "hedgerow_hypercorn", "nginx", "floor",
+                             "floor_hypercorn")
+# ``hedgerow``: the gateway as shipped (HTTP/1.1 by ``hedgerow.h1``); ``hedgerow_hypercorn``:
+# a second gateway on the same worker with ``--http1 hypercorn`` (h11), as before 2026-12-03.
+PROXIES: tuple[str, ...] = ("hedgerow", "hedgerow_hypercorn", "nginx")
 # Targets that serve the stream themselves, and the name their CPU is reported under.
-SERVERS: dict[str, str] = {"direct": "worker", "floor": "floor"}
+SERVERS: dict[str, str] = {"direct": "worker", "floor": "floor",
+                           "floor_hypercorn": "floor_hypercorn"}
 PROMPT = "Repeat after me: the hedge is green and tall."
 
 
@@ -139,6 +148,10 @@ def measure_overhead(workdir: Path, plan: OverheadPlan) -> dict[str, Any]:
         stack.start_control_plane()
         worker_url, worker_pid = _start_fixed_worker(stack, plan)
         gateway = stack.start_gateway("--policy", str(workdir / "policy.yaml"))
+        gateway_url = stack.gateway_url
+        hypercorn_gateway = stack.start_gateway("--policy", str(workdir / "policy.yaml"),
+                                                "--http1", "hypercorn")
+        hypercorn_gateway_url = stack.gateway_url
         tls_dir = workdir / "state" / "tls"
         upstream_tls = None if stack.insecure else stack.admin_identity
         nginx, nginx_url = start_nginx(workdir / "nginx", worker_url.split("://", 1)[1],
@@ -148,25 +161,36 @@ def measure_overhead(workdir: Path, plan: OverheadPlan) -> dict[str, Any]:
         floor, floor_url = start_floor_server(
             workdir / "floor", tls_dir / "cert.pem", tls_dir / "key.pem",
             prefill_ms=plan.prefill_ms_per_token * 13,  # the prompts' ~13 tokens
-            decode_ms=plan.decode_ms_per_token)
+            decode_ms=plan.decode_ms_per_token, http1="native")
         stack.procs.append(floor)
+        floor_hypercorn, floor_hypercorn_url = start_floor_server(
+            workdir / "floor", tls_dir / "cert.pem", tls_dir / "key.pem",
+            prefill_ms=plan.prefill_ms_per_token * 13, decode_ms=plan.decode_ms_per_token,
+            http1="hypercorn")
+        stack.procs.append(floor_hypercorn)
         http = http_version_from_env()
         direct = Target(worker_url, request_timeout_s=120.0,
                         ca_file=None if stack.insecure else stack.cluster_ca,
                         client_identity=upstream_tls, check_hostname=False)
         targets = {"direct": direct,
-                   "hedgerow": Target(stack.gateway_url, http, stack.ca_cert, request_timeout_s=120.0),
+                   "hedgerow": Target(gateway_url, http, stack.ca_cert, request_timeout_s=120.0),
+                   "hedgerow_hypercorn": Target(hypercorn_gateway_url, http, stack.ca_cert,
+                                             request_timeout_s=120.0),
                    "nginx": Target(nginx_url, http, stack.ca_cert, request_timeout_s=120.0),
-                   "floor": Target(floor_url, http, stack.ca_cert, request_timeout_s=120.0)}
+                   "floor": Target(floor_url, http, stack.ca_cert, request_timeout_s=120.0),
+                   "floor_hypercorn": Target(floor_hypercorn_url, http, stack.ca_cert,
+                                          request_timeout_s=120.0)}
         # The worker's own CPU while it is measured directly: what serving the same
         # stream with hypercorn and TLS costs in Python, with no proxying at all.
-        pids = {"direct": worker_pid, "hedgerow": gateway.popen.pid, "nginx": nginx.popen.pid,
-                "floor": floor.popen.pid}
+        pids = {"direct": worker_pid, "hedgerow": gateway.popen.pid,
+                "hedgerow_hypercorn": hypercorn_gateway.popen.pid, "nginx": nginx.popen.pid,
+                "floor": floor.popen.pid, "floor_hypercorn": floor_hypercorn.popen.pid}
         measured, long = anyio.run(_measure_all, targets, pids, plan)
         summary = summarize_overhead(measured, plan, http)
         if long:
             summary["long_answer"] = summarize_long(measured, long, plan)
         summary["hedgerow_rss_mb"] = round(rss_mb(gateway.popen.pid), 1)
+        summary["hedgerow_hypercorn_rss_mb"] = round(rss_mb(hypercorn_gateway.popen.pid), 1)
     finally:
         stack.stop_all()
     from bench.plots import write_latency_plots  # matplotlib: loaded only when a scenario runs
@@ -256,9 +280,10 @@ def summarize_overhead(measured: MeasuredByLevel, plan: OverheadPlan,
     """The scenario's JSON: the top level at the highest concurrency, every level under ``by_streams``."""
     by_streams = {str(concurrency): summarize_level(level) for concurrency, level in measured.items()}
     top = by_streams[str(plan.top_concurrency)]
-    cpu = {proxy: sum(level[proxy].cpu_s for level in measured.values()) for proxy in PROXIES}
+    proxies = [proxy for proxy in PROXIES if all(proxy in level for level in measured.values())]
+    cpu = {proxy: sum(level[proxy].cpu_s for level in measured.values()) for proxy in proxies}
     requests = {proxy: sum(len(level[proxy].records) for level in measured.values())
-                for proxy in PROXIES}
+                for proxy in proxies}
     return {
         **top,
         "baseline": "nginx (a stock reverse proxy, its recommended streaming settings); "
@@ -266,7 +291,7 @@ def summarize_overhead(measured: MeasuredByLevel, plan: OverheadPlan,
         "streams": plan.top_concurrency,
         "by_streams": by_streams,
         **{f"{proxy}_cpu_ms_per_request": round(1000 * cpu[proxy] / max(1, requests[proxy]), 3)
-           for proxy in PROXIES},
+           for proxy in proxies},
         "client_http": client_http,
         "rounds": plan.rounds,
         "worker_latency": {"prefill_ms_per_token": plan.prefill_ms_per_token,
@@ -280,7 +305,7 @@ def summarize_level(level: Mapping[str, Measured]) -> dict[str, Any]:
     per_target = {name: _target_summary(m) for name, m in level.items()}
     summary: dict[str, Any] = dict(per_target)
     direct = per_target["direct"]
-    for proxy in PROXIES:
+    for proxy in (proxy for proxy in PROXIES if proxy in level):
         for q in ("p50", "p99"):
             summary[f"{proxy}_added_{q}_ms"] = _difference(per_target[proxy][f"ttft_{q}_ms"],
                                                            direct[f"ttft_{q}_ms"])
@@ -309,7 +334,7 @@ def summarize_long(short: MeasuredByLevel, long: MeasuredByLevel,
     for concurrency in sorted(long):
         row: dict[str, Any] = {}
         short_level = summarize_level(short[concurrency]) if concurrency in short else None
-        for proxy in PROXIES:
+        for proxy in (proxy for proxy in PROXIES if proxy in long[concurrency]):
             key = f"{proxy}_cpu_ms_per_request"
             row[f"{proxy}_cpu_ms_per_long_request"] = by_streams[str(concurrency)][key]
             if short_level is not None:
@@ -336,6 +361,11 @@ def summarize_long(short: MeasuredByLevel, long: MeasuredByLevel,
                                                      row["nginx_cpu_ms_per_request"])
             row["cpu_per_token_vs_nginx"] = _ratio(row["hedgerow_cpu_us_per_token"],
                                                    row["nginx_cpu_us_per_token"])
+            if "hedgerow_hypercorn_cpu_ms_per_request" in row:
+                row["hedgerow_hypercorn_cpu_per_request_vs_nginx"] = _ratio(
+                    row["hedgerow_hypercorn_cpu_ms_per_request"], row["nginx_cpu_ms_per_request"])
+                row["hedgerow_hypercorn_cpu_per_token_vs_nginx"] = _ratio(
+                    row["hedgerow_hypercorn_cpu_us_per_token"], row["nginx_cpu_us_per_token"])
         side_by_side[str(concurrency)] = row
     return {"baseline": "nginx, same run", "max_tokens": plan.long_tokens,
             "by_streams": by_streams, "side_by_side": side_by_side}

@@ -125,6 +125,9 @@ class GatewayOptions:
     # TLS session ticket keys (TCP) and QUIC tickets rotate this often; a
     # ticket resumes for one more period after its own (1-2 periods in all).
     ticket_rotation_s: float = DEFAULT_ROTATION_S
+    # HTTP/1.1 clients served by ``hedgerow.h1`` (--http1 native, the default), or
+    # by hypercorn's h11 path (--http1 hypercorn).
+    native_http1: bool = True
     # Request bodies being read, all requests together; beyond it new ones get 503.
     max_buffered_body_bytes: int = DEFAULT_BODY_BUDGET_BYTES
     # Mutual TLS to the control plane and workers, and on the admin listener;
@@ -234,7 +237,8 @@ async def run_gateway(
                                   graceful_timeout_s=options.drain_timeout_s + DRAIN_GRACE_S,
                                   h2_limits=options.h2_limits,
                                   max_requests_per_connection=options.max_requests_per_connection,
-                                  ticket_rotation_s=options.ticket_rotation_s)
+                                  ticket_rotation_s=options.ticket_rotation_s,
+                                  native_http1=options.native_http1)
             ring = getattr(config, "ticket_keys", None)
             app.metrics.watch_tickets(lambda: {
                 "tcp": ring.stats() if ring is not None else {},

@@ -367,6 +367,10 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="check --certfile/--keyfile for a change this often and load a "
                          "changed pair without dropping connections (default 5; 0: only on "
                          "SIGHUP, which always reloads)")
+    gw.add_argument("--http1", choices=("native", "hypercorn"), default="native",
+                    help="who serves HTTP/1.1 clients on --port: native (default; hedgerow.h1: "
+                         "llhttp and an asyncio protocol, half the CPU per request of the "
+                         "other) or hypercorn (h11); HTTP/2 and HTTP/3 are hypercorn's either way")
     gw.add_argument("--tls-ticket-rotation-s", type=float, default=3600.0, metavar="S",
                     help="rotate the TLS session ticket keys (TCP) and retire QUIC tickets "
                          "this often; a ticket resumes during its period and the next "
@@ -760,7 +764,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         quic=quic_limits,
         max_requests_per_connection=args.max_requests_per_connection, h2_limits=h2_limits,
         source_limits=source_limits, certificate_poll_s=args.certificate_poll_s,
-        ticket_rotation_s=args.tls_ticket_rotation_s,
+        ticket_rotation_s=args.tls_ticket_rotation_s, native_http1=args.http1 == "native",
         max_buffered_body_bytes=args.max_buffered_body_bytes,
     )
     if child is not None:

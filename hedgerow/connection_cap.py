@@ -47,11 +47,13 @@ from contextvars import ContextVar
 from ssl import SSLContext
 from typing import Any
 
+from hedgerow.h1.connection import ACTIVE_H1, H1Connection, H1Settings
 from hedgerow.source_limits import SourceLimits
 
 log = logging.getLogger("hedgerow.connections")
 
 DEFAULT_MAX_CONNECTIONS = 4096
+UNCAPPED = 2**62
 LOG_EVERY_S = 10.0
 ACCEPT_RETRY_S = 0.1
 STREAM_LIMIT = 2**16  # asyncio.start_server's default reader limit
@@ -150,14 +152,51 @@ class _CountedStreamProtocol(asyncio.StreamReaderProtocol):
             self._slot.give_back()
 
 
+class _ChooseByAlpn(asyncio.Protocol):
+    """Decides, once TLS is up, who serves the connection: a client that chose
+    ``h2`` by ALPN (or a listener without native HTTP/1.1) gets hypercorn's
+    stream protocol, as ``start_server`` would have built it; HTTP/1.1 gets
+    ``hedgerow.h1.H1Connection``. The transport is handed to the one chosen
+    (``set_protocol``), so this object is out of the path after
+    ``connection_made``."""
+
+    def __init__(self, slot: _Slot, callback: StreamCallback, loop: asyncio.AbstractEventLoop,
+                 h1: H1Settings, connections: set[H1Connection]) -> None:
+        self._slot = slot
+        self._callback = callback
+        self._loop = loop
+        self._h1 = h1
+        self._connections = connections
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        ssl_object = transport.get_extra_info("ssl_object")
+        alpn = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
+        chosen: asyncio.BaseProtocol
+        if alpn == "h2":
+            chosen = _CountedStreamProtocol(self._slot, self._callback, self._loop)
+        else:
+            chosen = H1Connection(self._h1, self._loop, on_lost=self._slot.give_back,
+                                  on_closed=self._connections.discard)
+            self._connections.add(chosen)
+        transport.set_protocol(chosen)
+        chosen.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:  # lost before it chose
+        self._slot.give_back()
+
+
 class CappedListener:
     """A TLS listener that accepts with the cap in front: what ``capped_start_server``
     gives hypercorn in place of an ``asyncio.Server`` (it only calls ``close`` and
     ``wait_closed``)."""
 
     def __init__(self, sock: socket.socket, cap: ConnectionCap, callback: StreamCallback,
-                 context: SSLContext, handshake_timeout: float | None) -> None:
+                 context: SSLContext, handshake_timeout: float | None,
+                 h1: H1Settings | None = None) -> None:
         self._sock = sock
+        # ``hedgerow.h1.H1Settings``: HTTP/1.1 clients are served natively.
+        self._h1 = h1
+        self._h1_connections: set[H1Connection] = set()
         self._cap = cap
         self._callback = callback
         self._context = context
@@ -169,11 +208,21 @@ class CappedListener:
         self._accepting.add_done_callback(lambda _: sock.close())
 
     def close(self) -> None:
-        """Stop accepting; connections already open carry on."""
+        """Stop accepting; hypercorn's connections carry on (hypercorn drains
+        them); native HTTP/1.1 ones close when idle or after their answer."""
         self._accepting.cancel()
+        for connection in list(self._h1_connections):
+            connection.shutdown()
 
     async def wait_closed(self) -> None:
         await asyncio.wait([self._accepting])
+        if self._h1_connections:  # answers under way, for the graceful timeout at most
+            assert self._h1 is not None
+            deadline = asyncio.get_running_loop().time() + self._h1.graceful_timeout_s
+            while self._h1_connections and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            for connection in list(self._h1_connections):
+                connection.transport.abort()
 
     async def _accept_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -217,8 +266,15 @@ class CappedListener:
         loop = asyncio.get_running_loop()
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
+            h1 = self._h1
+            if h1 is not None:
+                def protocol() -> asyncio.BaseProtocol:
+                    return _ChooseByAlpn(slot, self._callback, loop, h1, self._h1_connections)
+            else:
+                def protocol() -> asyncio.BaseProtocol:
+                    return _CountedStreamProtocol(slot, self._callback, loop)
             await loop.connect_accepted_socket(
-                lambda: _CountedStreamProtocol(slot, self._callback, loop), connection,
+                protocol, connection,
                 ssl=self._context, ssl_handshake_timeout=self._handshake_timeout,
                 ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT_S)
         except OSError:  # the handshake failed, timed out or was cut; the socket is closed
@@ -267,17 +323,22 @@ async def capped_start_server(callback: StreamCallback, host: Any = None, port: 
                               ssl: SSLContext | None = None,
                               ssl_handshake_timeout: float | None = None,
                               **kwargs: Any) -> asyncio.Server | CappedListener:
-    """``asyncio.start_server`` with the cap in ``ACTIVE_CAP`` in front of TLS.
+    """``asyncio.start_server`` with the cap in ``ACTIVE_CAP`` in front of TLS, and
+    HTTP/1.1 served by ``hedgerow.h1`` where ``ACTIVE_H1`` asks for it.
 
-    Without a cap, TLS or a listening socket it is ``asyncio.start_server`` itself.
+    Without a cap or native HTTP/1.1, TLS or a listening socket it is
+    ``asyncio.start_server`` itself.
     """
     cap = ACTIVE_CAP.get()
+    h1 = ACTIVE_H1.get()
+    if cap is None and h1 is not None:
+        cap = ConnectionCap(UNCAPPED)  # native HTTP/1.1 needs this accept loop, cap or none
     if cap is None or ssl is None or sock is None:
         if ssl is not None:
             kwargs.setdefault("ssl_shutdown_timeout", TLS_SHUTDOWN_TIMEOUT_S)
         return await asyncio.start_server(callback, host, port, sock=sock, ssl=ssl,
                                           ssl_handshake_timeout=ssl_handshake_timeout, **kwargs)
-    return CappedListener(sock, cap, callback, ssl, ssl_handshake_timeout)
+    return CappedListener(sock, cap, callback, ssl, ssl_handshake_timeout, h1)
 
 
 class HypercornAsyncio:

@@ -56,6 +56,7 @@ from gateway.edge.write_coalescing import CoalescingWriter, install_write_coales
 from hedgerow.http_stack import (accept_loop, disconnect_hook, eof, linger, quic_connection,
                                  udp_server)
 from hedgerow.decimal_text import parse_decimal
+from hedgerow.h1 import ACTIVE_H1, H1Settings
 from gateway.edge.quic_tickets import QuicTicketStore
 from gateway.edge.ticket_keys import DEFAULT_ROTATION_S, TicketKeyRing, install_ticket_keys
 
@@ -125,6 +126,10 @@ class TlsConfig(Config):
     # its writes of one loop pass leave as one TLS record.
     wrap_writer: Any = CoalescingWriter
 
+    # HTTP/1.1 clients served by ``hedgerow.h1`` instead of hypercorn's h11
+    # path (``hedgerow gateway --http1 native``); HTTP/2 and HTTP/3 unchanged.
+    native_http1: bool = False
+
     def create_ssl_context(self) -> ssl.SSLContext | None:
         context = super().create_ssl_context()
         if context is None:
@@ -163,6 +168,7 @@ def build_config(
     h2_limits: H2Limits = H2Limits(),
     max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION,
     ticket_rotation_s: float | None = DEFAULT_ROTATION_S,
+    native_http1: bool = False,
 ) -> Config:
     """Hypercorn config for TLS on TCP (h2, http/1.1) and, if http3, QUIC on UDP.
 
@@ -196,7 +202,23 @@ def build_config(
     config.read_timeout = None
     if ticket_rotation_s is not None:
         config.ticket_keys = TicketKeyRing(ticket_rotation_s)
+    config.native_http1 = native_http1
     return config
+
+
+def native_http1_settings(app: ASGIFramework, config: Config) -> H1Settings | None:
+    """What ``hedgerow.h1`` serves HTTP/1.1 with on this listener: the same
+    bounds as the hypercorn path (None: hypercorn serves HTTP/1.1)."""
+    if not getattr(config, "native_http1", False):
+        return None
+    return H1Settings(
+        app=app,
+        keep_alive_timeout_s=float(config.keep_alive_timeout),
+        max_header_bytes=int(config.h11_max_incomplete_size),
+        max_requests=int(config.keep_alive_max_requests),
+        graceful_timeout_s=float(config.graceful_timeout),
+        extra_headers=tuple((b"alt-svc", value.encode("latin-1"))
+                            for value in config.alt_svc_headers))
 
 
 async def serve(
@@ -258,6 +280,7 @@ async def _serve_until_stopped(
     # TLS listeners through the cap (``HypercornAsyncio.start_server``) and
     # builds its TLS and QUIC contexts where the certificate reloader sees them.
     ACTIVE_CAP.set(connection_cap)
+    ACTIVE_H1.set(native_http1_settings(app, config))
     ACTIVE_QUIC_DOOR.set(quic_door or QuicFrontDoor(QuicLimits(), connection_cap))
     ACTIVE_CERTIFICATES.set(certificates)
     # Shielded: hypercorn's shutdown path awaits (closing servers, draining
