@@ -161,12 +161,12 @@ class _ChooseByAlpn(asyncio.Protocol):
     ``connection_made``."""
 
     def __init__(self, slot: _Slot, callback: StreamCallback, loop: asyncio.AbstractEventLoop,
-                 h1: H1Settings, connections: set[H1Connection]) -> None:
+                 h1: H1Settings, listener: CappedListener) -> None:
         self._slot = slot
         self._callback = callback
         self._loop = loop
         self._h1 = h1
-        self._connections = connections
+        self._listener = listener
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ssl_object = transport.get_extra_info("ssl_object")
@@ -175,11 +175,14 @@ class _ChooseByAlpn(asyncio.Protocol):
         if alpn == "h2":
             chosen = _CountedStreamProtocol(self._slot, self._callback, self._loop)
         else:
+            connections = self._listener.h1_connections
             chosen = H1Connection(self._h1, self._loop, on_lost=self._slot.give_back,
-                                  on_closed=self._connections.discard)
-            self._connections.add(chosen)
+                                  on_closed=connections.discard)
+            connections.add(chosen)
         transport.set_protocol(chosen)
         chosen.connection_made(transport)
+        if isinstance(chosen, H1Connection) and self._listener.closing:
+            chosen.shutdown()  # its handshake ended after the listener closed
 
     def connection_lost(self, exc: Exception | None) -> None:  # lost before it chose
         self._slot.give_back()
@@ -196,7 +199,8 @@ class CappedListener:
         self._sock = sock
         # ``hedgerow.h1.H1Settings``: HTTP/1.1 clients are served natively.
         self._h1 = h1
-        self._h1_connections: set[H1Connection] = set()
+        self.h1_connections: set[H1Connection] = set()
+        self.closing = False
         self._cap = cap
         self._callback = callback
         self._context = context
@@ -211,17 +215,17 @@ class CappedListener:
         """Stop accepting; hypercorn's connections carry on (hypercorn drains
         them); native HTTP/1.1 ones close when idle or after their answer."""
         self._accepting.cancel()
-        for connection in list(self._h1_connections):
+        self.closing = True
+        for connection in list(self.h1_connections):
             connection.shutdown()
 
     async def wait_closed(self) -> None:
         await asyncio.wait([self._accepting])
-        if self._h1_connections:  # answers under way, for the graceful timeout at most
-            assert self._h1 is not None
+        if self._h1 is not None:  # answers under way, for the graceful timeout at most
             deadline = asyncio.get_running_loop().time() + self._h1.graceful_timeout_s
-            while self._h1_connections and asyncio.get_running_loop().time() < deadline:
+            while self.h1_connections and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.05)
-            for connection in list(self._h1_connections):
+            for connection in list(self.h1_connections):
                 connection.transport.abort()
 
     async def _accept_forever(self) -> None:
@@ -269,7 +273,7 @@ class CappedListener:
             h1 = self._h1
             if h1 is not None:
                 def protocol() -> asyncio.BaseProtocol:
-                    return _ChooseByAlpn(slot, self._callback, loop, h1, self._h1_connections)
+                    return _ChooseByAlpn(slot, self._callback, loop, h1, self)
             else:
                 def protocol() -> asyncio.BaseProtocol:
                     return _CountedStreamProtocol(slot, self._callback, loop)

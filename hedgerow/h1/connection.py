@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -55,7 +56,15 @@ BODY_HIGH_WATER = 64 * 1024  # request body buffered before reading pauses
 _STATUS_LINES = {status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode())
                  for status in HTTPStatus}
 _NO_BODY_STATUSES = frozenset({204, 304}) | frozenset(range(100, 200))
-_FORBIDDEN_IN_HEADERS = (b"\r", b"\n", b"\0")
+# RFC 9110 5.1 / 5.5: a field name is a token; a value has no control bytes but tab.
+_FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_FIELD_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*\Z")
+# Pipelined requests parsed ahead of the one being answered; past it the
+# connection stops reading, answers those, and closes (the client retries the rest).
+MAX_PIPELINED = 16
+# Bytes of chunk framing allowed per chunk (a size line and its CRLFs), beyond
+# ``max_header_bytes`` for chunk extensions and trailers together.
+CHUNK_FRAMING_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,10 @@ class _Refused(Exception):
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status = status
+
+
+class _PipelineFull(Exception):
+    """Stops llhttp mid-buffer: enough pipelined requests are waiting."""
 
 
 class _DateHeader:
@@ -105,7 +118,7 @@ class _Request:
     __slots__ = ("conn", "scope", "body", "buffered", "complete", "final_given", "waiter",
                  "disconnect", "keep_alive", "is_head", "chunked", "started", "status",
                  "headers", "head_written", "ended", "expect_continue", "declared_length",
-                 "sent_length", "http_10")
+                 "sent_length", "http_10", "dropped")
 
     def __init__(self, conn: H1Connection, scope: dict[str, Any], keep_alive: bool,
                  expect_continue: bool) -> None:
@@ -129,6 +142,7 @@ class _Request:
         self.ended = False
         self.declared_length: int | None = None
         self.sent_length = 0
+        self.dropped = False  # the connection refused the request: what the app sends is dropped
 
     def wake(self) -> None:
         waiter, self.waiter = self.waiter, None
@@ -141,7 +155,7 @@ class _Request:
         conn = self.conn
         if self.expect_continue and not self.complete and not conn.lost:
             self.expect_continue = False
-            if not self.started:
+            if not self.started and not self.dropped:
                 conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         while not self.body and not self.complete and not self.disconnect.happened:
             self.waiter = conn.loop.create_future()
@@ -165,6 +179,8 @@ class _Request:
 
     async def send(self, message: dict[str, Any]) -> None:
         kind = message["type"]
+        if self.dropped:
+            return  # the connection already answered (a 400) and is closing
         if kind == "http.response.start":
             if self.started:
                 raise RuntimeError("http.response.start sent twice")
@@ -189,6 +205,9 @@ class _Request:
             self.head_written = True
         if body and not self.is_head and self.status not in _NO_BODY_STATUSES:
             self.sent_length += len(body)
+            if self.declared_length is not None and self.sent_length > self.declared_length:
+                raise RuntimeError(f"the body is longer than its content-length "
+                                   f"({self.declared_length})")
             if self.chunked:
                 parts.append(b"%x\r\n" % len(body))
                 parts.append(body)
@@ -197,7 +216,7 @@ class _Request:
                 parts.append(body)
         if not more:
             self.ended = True
-            if self.chunked:
+            if self.chunked and not self.is_head:
                 parts.append(b"0\r\n\r\n")
             if (self.declared_length is not None and not self.is_head
                     and self.sent_length != self.declared_length):
@@ -211,14 +230,17 @@ class _Request:
 
     def _head(self, first_length: int, more: bool) -> bytes:
         status = self.status
+        if not 200 <= status <= 999:
+            raise ValueError(f"not a final status: {status}")
         lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
         close = not self.keep_alive
         for name, value in self.headers:
-            for bad in _FORBIDDEN_IN_HEADERS:
-                if bad in name or bad in value:
-                    raise ValueError(f"a response header carries a control byte: {name!r}")
+            if _FIELD_NAME.match(name) is None or _FIELD_VALUE.match(value) is None:
+                raise ValueError(f"a response header is not a valid field: {name!r}")
             lowered = name.lower()
             if lowered == b"content-length":
+                if not value.isdigit():
+                    raise ValueError(f"content-length is not a number: {value!r}")
                 self.declared_length = int(value)
             elif lowered == b"transfer-encoding":
                 continue  # this server frames the body itself
@@ -281,6 +303,11 @@ class H1Connection(asyncio.Protocol):
         # it has not seen the end of, so the callbacks alone cannot bound it).
         self._in_head = True
         self._raw_head_bytes = 0
+        # Bytes of a message after its head that were not body (chunk sizes,
+        # extensions, trailers), against a budget: llhttp keeps no limit of its own.
+        self._framing_bytes = 0
+        self._chunks = 0
+        self._body_seen = 0
         self._eof = False
         self._client: tuple[str, int] | None = None
         self._server: tuple[str, int] | None = None
@@ -303,24 +330,40 @@ class H1Connection(asyncio.Protocol):
             if self._lingering:
                 self._linger_more()
             return  # dropped: the connection is ending
+        body_before = self._body_seen
         try:
             self.parser.feed_data(data)
-            if self._in_head and not self._lingering:
+            if self._lingering:
+                return
+            if self._in_head:
                 self._raw_head_bytes += len(data)
                 if self._raw_head_bytes > self.settings.max_header_bytes:
                     raise _Refused(431, "request header fields too large")
+            elif self._parsing is not None:
+                self._framing_bytes += len(data) - (self._body_seen - body_before)
+                if self._framing_bytes > (2 * self.settings.max_header_bytes
+                                          + CHUNK_FRAMING_BYTES * self._chunks):
+                    raise _Refused(431, "chunk extensions or trailers too large")
         except _Refused as refused:
             self._refuse(refused.status, str(refused))
         except httptools.HttpParserUpgrade:
-            # An Upgrade (h2c, websocket) is not offered: the request is
-            # answered as a plain one, then the connection closes.
+            # An Upgrade (h2c, websocket) is not offered: a request without a
+            # body is answered as a plain one, then the connection closes.
+            last = self._queued[-1] if self._queued else self._current
+            if last is not None and any(name in (b"content-length", b"transfer-encoding")
+                                        for name, _ in last.scope["headers"]):
+                self._refuse(400, "an upgrade request with a body is not served")
+                return
             self._stop_parsing = True
             for request in (self._current, *self._queued):
                 if request is not None:
                     request.keep_alive = False
         except httptools.HttpParserCallbackError as error:
             cause = error.__context__
-            if isinstance(cause, _Refused):
+            if isinstance(cause, _PipelineFull):
+                self._stop_parsing = True  # the waiting ones are answered, then it closes
+                self._queued[-1].keep_alive = False
+            elif isinstance(cause, _Refused):
                 self._refuse(cause.status, str(cause))
             else:
                 self._refuse(400, "malformed request")
@@ -338,21 +381,23 @@ class H1Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        self._cancel_idle_timer()
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
-        for request in (self._current, self._parsing, *self._queued):
-            if request is not None:
-                request.disconnect.fire()
-                request.wake()
-        self._queued.clear()
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-        if self._on_lost is not None:
-            on_lost, self._on_lost = self._on_lost, None
-            on_lost()
-        if self._on_closed is not None:
-            self._on_closed(self)
+        try:
+            self._cancel_idle_timer()
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+            for request in (self._current, self._parsing, *self._queued):
+                if request is not None:
+                    request.disconnect.fire()
+                    request.wake()
+            self._queued.clear()
+            if self._writable is not None and not self._writable.done():
+                self._writable.set_result(None)
+        finally:  # the cap's slot comes back whatever a disconnect callback did
+            if self._on_lost is not None:
+                on_lost, self._on_lost = self._on_lost, None
+                on_lost()
+            if self._on_closed is not None:
+                self._on_closed(self)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -372,6 +417,7 @@ class H1Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._in_head = True
+        self._framing_bytes = self._chunks = 0
         self._url = b""
         self._headers = []
         self._head_bytes = 0
@@ -381,18 +427,30 @@ class H1Connection(asyncio.Protocol):
         self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            return  # a trailer field: not a header (RFC 9110 6.5.1); dropped, as h11 does
         self._count_head(len(name) + len(value) + 4)
         self._headers.append((name.lower(), value))
 
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
+
     def on_headers_complete(self) -> None:
+        if self._current is not None and len(self._queued) >= MAX_PIPELINED:
+            raise _PipelineFull()  # this head is not served; the ones before it are
         self._cancel_idle_timer()
         self._in_head = False
         self._raw_head_bytes = 0
         parser = self.parser
         version = parser.get_http_version()
         headers = self._headers
-        if version != "1.0" and not any(name == b"host" for name, _ in headers):
-            raise _Refused(400, "an HTTP/1.1 request needs a host header")
+        if version not in ("1.1", "1.0"):
+            raise _Refused(505, "HTTP/1.1 and HTTP/1.0 only on this connection")
+        hosts = [value for name, value in headers if name == b"host"]
+        if version == "1.1" and (len(hosts) != 1 or not hosts[0].strip()):
+            raise _Refused(400, "an HTTP/1.1 request needs exactly one host header")
+        if version == "1.0" and any(name == b"transfer-encoding" for name, _ in headers):
+            raise _Refused(400, "transfer-encoding on HTTP/1.0 (RFC 9112 6.1)")
         try:
             parsed = httptools.parse_url(self._url)
             raw_path = parsed.path or b"/"
@@ -417,8 +475,8 @@ class H1Connection(asyncio.Protocol):
             "server": self._server,
             "extensions": {DISCONNECT_EXTENSION: Disconnect()},
         }
-        expect = any(name == b"expect" and value.lower() == b"100-continue"
-                     for name, value in headers)
+        expect = version == "1.1" and any(name == b"expect" and value.lower() == b"100-continue"
+                                          for name, value in headers)
         request = _Request(self, scope, keep_alive, expect)
         self._parsing = request
         if self._current is None:
@@ -431,6 +489,7 @@ class H1Connection(asyncio.Protocol):
         request = self._parsing
         if request is None:
             return
+        self._body_seen += len(body)
         request.body.append(body)
         request.buffered += len(body)
         if request.buffered > BODY_HIGH_WATER:
@@ -465,10 +524,12 @@ class H1Connection(asyncio.Protocol):
                 self._abort_response(request)
 
     def _abort_response(self, request: _Request) -> None:
-        if request.ended or self.lost:
+        if request.ended or request.dropped or self.lost:
             return
         if not request.head_written:  # nothing written: a plain 500
             request.keep_alive = False
+            request.declared_length = None  # what a refused head declared is not this answer's
+            request.chunked = False
             request.started = True
             request.status = 500
             request.headers = [(b"content-type", b"text/plain; charset=utf-8")]
@@ -491,10 +552,13 @@ class H1Connection(asyncio.Protocol):
         if request is not self._current:
             return
         self._current = None
-        if (not request.keep_alive or self.draining or not request.complete or self.lost
-                or self._eof):
-            # A body the app did not read to the end would have to be read and
-            # dropped before the next head; closing is what h11 does too.
+        if not request.complete and not self.lost:
+            # Answered before its body was all sent (a 413, a 401): the rest is
+            # read and dropped for a while so the client sees the answer
+            # rather than a reset, then the connection closes.
+            self._linger()
+            return
+        if not request.keep_alive or self.draining or self.lost or self._eof:
             self._close()
             return
         if self._queued:
@@ -525,9 +589,13 @@ class H1Connection(asyncio.Protocol):
         """An error answer, if none is under way, then a lingering close."""
         self._stop_parsing = True
         current = self._current
-        if current is None or not current.started:
-            if current is not None:
-                current.ended = True  # the app's answer, if it comes, is dropped
+        for request in (current, *self._queued):
+            if request is not None and not request.head_written:
+                request.dropped = True  # the app's answer, if it comes, is dropped
+                request.disconnect.fire()  # and it stops waiting for a body
+                request.wake()
+        self._queued.clear()
+        if current is None or not current.head_written:
             body = reason.encode() + b"\n"
             self.transport.write(
                 (_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status)

@@ -74,6 +74,23 @@ async def app(scope: Message, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"part", "more_body": True})
         raise RuntimeError("the app failed mid-answer")
+    elif path == "/headers":  # the header names the app was given, after the whole body
+        while (await receive()).get("more_body"):
+            pass
+        names = b",".join(name for name, _ in scope["headers"])
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"%d" % len(names))]})
+        await send({"type": "http.response.body", "body": names})
+    elif path == "/early":  # refuses the upload without reading it
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-length", b"8")]})
+        await send({"type": "http.response.body", "body": b"too big\n"})
+    elif path == "/overshoot":
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": True})
+        await send({"type": "http.response.body",
+                    "body": b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nevil"})
     elif path == "/inject":
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"x-bad", b"a\r\nset-cookie: stolen=1")]})
@@ -207,12 +224,25 @@ async def test_pipelined_requests_are_answered_in_order(dev_cert: DevCertificate
     (b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd",
      b"400"),
     (b"GET / HTTP/1.1\r\nhost: x\r\nbad header: 1\r\n\r\n", b"400"),
+    (b"GET / HTTP/1.1\r\nhost: x\r\nhost: y\r\n\r\n", b"400"),
+    (b"GET / HTTP/2.0\r\nhost: x\r\n\r\n", b"505"),
+    (b"POST /echo HTTP/1.0\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n"
+     b"3\r\nabc\r\n0\r\n\r\nGET / HTTP/1.0\r\n\r\n", b"400"),  # RFC 9112 6.1
+    # A trailer or a chunk extension that never ends (llhttp would hold it all).
+    (b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+     b"1\r\nx\r\n0\r\nx-trailer: " + b"a" * 80_000, b"431"),
+    (b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+     b"1;ext=" + b"a" * 80_000, b"431"),
 ])
 async def test_a_bad_head_gets_its_status_and_the_connection_closes(
         dev_cert: DevCertificate, request_bytes: bytes, status: bytes) -> None:
     def exchange(port: int) -> bytes:
         with tls_socket(dev_cert, port) as tls:
-            tls.sendall(request_bytes)
+            try:
+                for start in range(0, len(request_bytes), 8192):  # as a network would
+                    tls.sendall(request_bytes[start:start + 8192])
+            except (ssl.SSLError, OSError):
+                pass  # refused while still sending
             return read_until_closed(tls)
     async with native(dev_cert) as port:
         answer = await in_thread(exchange, port)
@@ -375,3 +405,87 @@ async def test_connections_take_and_give_back_cap_slots(dev_cert: DevCertificate
             while cap.open:
                 await anyio.sleep(0.02)
         stop.set()
+
+
+async def test_trailer_fields_never_become_request_headers(dev_cert: DevCertificate) -> None:
+    def exchange(port: int) -> bytes:
+        with tls_socket(dev_cert, port) as tls:
+            tls.sendall(b"POST /headers HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+                        b"3\r\nabc\r\n0\r\nauthorization: Bearer evil\r\nhost: b\r\n\r\n")
+            return read_response(tls)
+    async with native(dev_cert) as port:
+        answer = await in_thread(exchange, port)
+    assert answer.endswith(b"\r\n\r\nhost,transfer-encoding")
+
+
+async def test_a_head_of_a_stream_has_no_body_and_the_connection_serves_on(
+        dev_cert: DevCertificate) -> None:
+    def exchange(port: int) -> tuple[bytes, bytes]:
+        with tls_socket(dev_cert, port) as tls:
+            tls.sendall(b"HEAD /stream?2 HTTP/1.1\r\nhost: x\r\n\r\n")
+            tls.settimeout(5)
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                head += tls.recv(65536)
+            tls.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            return head, read_response(tls)
+    async with native(dev_cert) as port:
+        head, after = await in_thread(exchange, port)
+    assert head.startswith(b"HTTP/1.1 200") and after.startswith(b"HTTP/1.1 200")
+    assert after.endswith(b"hello")  # no stray last-chunk between the two
+
+
+async def test_a_flood_of_pipelined_requests_is_cut_after_a_bounded_queue(
+        dev_cert: DevCertificate) -> None:
+    def exchange(port: int) -> bytes:
+        with tls_socket(dev_cert, port) as tls:
+            tls.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n" * 2000)
+            return read_until_closed(tls)
+    async with native(dev_cert) as port:
+        answers = await in_thread(exchange, port)
+    count = answers.count(b"HTTP/1.1 200")
+    assert 1 <= count <= 1 + 16 + 1 and answers.endswith(b"hello")  # then it closed
+
+
+async def test_an_upload_refused_early_still_reads_its_answer(dev_cert: DevCertificate) -> None:
+    def exchange(port: int) -> bytes:
+        with tls_socket(dev_cert, port) as tls:
+            tls.sendall(b"POST /early HTTP/1.1\r\nhost: x\r\ncontent-length: 3000000\r\n\r\n")
+            time.sleep(0.3)
+            try:
+                for _ in range(40):  # keeps uploading for a while after the answer
+                    tls.sendall(b"z" * 65536)
+                    time.sleep(0.03)
+            except (ssl.SSLError, OSError):
+                pass
+            return read_until_closed(tls)
+    async with native(dev_cert) as port:
+        answer = await in_thread(exchange, port)
+    assert answer.startswith(b"HTTP/1.1 413") and answer.endswith(b"too big\n")
+
+
+async def test_a_body_longer_than_its_content_length_is_never_sent(
+        dev_cert: DevCertificate) -> None:
+    def exchange(port: int) -> bytes:
+        with tls_socket(dev_cert, port) as tls:
+            tls.sendall(b"GET /overshoot HTTP/1.1\r\nhost: x\r\n\r\n")
+            return read_until_closed(tls)
+    async with native(dev_cert) as port:
+        answer = await in_thread(exchange, port)
+    assert answer.endswith(b"\r\n\r\nok") and b"evil" not in answer
+
+
+async def test_a_bad_chunk_mid_body_tells_the_app_the_client_left(
+        dev_cert: DevCertificate, caplog: pytest.LogCaptureFixture) -> None:
+    def exchange(port: int) -> bytes:
+        with tls_socket(dev_cert, port) as tls:
+            tls.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+                        b"1\r\nx\r\n")
+            time.sleep(0.2)  # the app is now waiting for more body
+            tls.sendall(b"ZZ\r\n")
+            return read_until_closed(tls)
+    async with native(dev_cert) as port:
+        answer = await in_thread(exchange, port)
+        await anyio.sleep(0.2)
+    assert answer.startswith(b"HTTP/1.1 400")
+    assert "the application failed" not in caplog.text
