@@ -19,6 +19,7 @@ from gateway.cache import ResponseCache
 from gateway.cache.shared_embedder import SocketEmbedder
 from gateway.edge.cert_reload import DEFAULT_POLL_S, CertificateReloader
 from hedgerow.connection_cap import DEFAULT_MAX_CONNECTIONS, ConnectionCap, fit_file_limit
+from hedgerow.gc_tuning import tune_for_serving
 from gateway.edge.cors import CorsMiddleware
 from gateway.edge.security_headers import SecurityHeaders
 from hedgerow.source_limits import SourceLimits, SourceLimitsConfig
@@ -125,6 +126,10 @@ class GatewayOptions:
     # TLS session ticket keys (TCP) and QUIC tickets rotate this often; a
     # ticket resumes for one more period after its own (1-2 periods in all).
     ticket_rotation_s: float = DEFAULT_ROTATION_S
+    # The process's garbage collector tuned once startup is done
+    # (``hedgerow.gc_tuning``): set by the CLI, which owns the process; not by
+    # a caller that runs a gateway inside its own process (the tests).
+    tune_gc: bool = False
     # HTTP/1.1 clients served by ``hedgerow.h1`` (--http1 native, the default), or
     # by hypercorn's h11 path (--http1 hypercorn).
     native_http1: bool = True
@@ -257,6 +262,8 @@ async def run_gateway(
                     log.info("no --admin-port: metrics and the cache admin API are not served")
                 if options.process is not None:
                     await _first_view(directory, policy_arrived, FIRST_VIEW_WAIT_S)
+                if options.tune_gc:
+                    tune_for_serving()  # startup is done: what it built is never collected
                 port = await tg.start(functools.partial(serve, connection_cap=connections,
                                                         quic_door=quic_door,
                                                         listeners=None if options.process

@@ -765,6 +765,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         max_requests_per_connection=args.max_requests_per_connection, h2_limits=h2_limits,
         source_limits=source_limits, certificate_poll_s=args.certificate_poll_s,
         ticket_rotation_s=args.tls_ticket_rotation_s, native_http1=args.http1 == "native",
+        tune_gc=True,
         max_buffered_body_bytes=args.max_buffered_body_bytes,
     )
     if child is not None:
