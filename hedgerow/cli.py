@@ -369,8 +369,9 @@ def _add_gateway(commands: argparse._SubParsersAction) -> None:  # type: ignore[
                          "SIGHUP, which always reloads)")
     gw.add_argument("--http1", choices=("native", "hypercorn"), default="native",
                     help="who serves HTTP/1.1 clients on --port: native (default; hedgerow.h1: "
-                         "llhttp and an asyncio protocol, half the CPU per request of the "
-                         "other) or hypercorn (h11); HTTP/2 and HTTP/3 are hypercorn's either way")
+                         "llhttp and an asyncio protocol; its listener spends about half the CPU "
+                         "per request of h11's) or hypercorn (h11); HTTP/2 and HTTP/3 are "
+                         "hypercorn's either way")
     gw.add_argument("--tls-ticket-rotation-s", type=float, default=3600.0, metavar="S",
                     help="rotate the TLS session ticket keys (TCP) and retire QUIC tickets "
                          "this often; a ticket resumes during its period and the next "

@@ -22,6 +22,7 @@ the headers to ``http.response.start``.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Awaitable, Callable
 
@@ -57,11 +58,16 @@ def wants_hsts(scope: Scope) -> bool:
     host = request_host(scope)
     if not host or host == "localhost" or host.endswith(".localhost"):
         return False
+    return not _is_ip_literal(host)
+
+
+@functools.lru_cache(maxsize=64)  # clients send a handful of hosts; any other is parsed again
+def _is_ip_literal(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        return True
-    return False
+        return False
+    return True
 
 
 def security_headers(scope: Scope, present: Headers) -> Headers:

@@ -51,6 +51,11 @@ log = logging.getLogger("hedgerow.h1")
 # path's ``hedgerow.http_stack.linger``, nginx's lingering_close).
 LINGER_IDLE_S = 2.0
 LINGER_MAX_S = 10.0
+# After an answer the app gave before the upload ended (a 413, a 401, the 408
+# of a body that trickles): long enough for a client still pushing its upload
+# to read the answer rather than a reset, short enough that a trickler's
+# connection is freed at once (its slow bytes must not keep it open).
+EARLY_ANSWER_LINGER_S = 1.0
 BODY_HIGH_WATER = 64 * 1024  # request body buffered before reading pauses
 
 _STATUS_LINES = {status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode())
@@ -295,6 +300,7 @@ class H1Connection(asyncio.Protocol):
         self._lingering = False
         self._linger_timer: asyncio.TimerHandle | None = None
         self._linger_until = 0.0
+        self._linger_idle_s = LINGER_IDLE_S
         self._stop_parsing = False
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
@@ -556,7 +562,7 @@ class H1Connection(asyncio.Protocol):
             # Answered before its body was all sent (a 413, a 401): the rest is
             # read and dropped for a while so the client sees the answer
             # rather than a reset, then the connection closes.
-            self._linger()
+            self._linger(EARLY_ANSWER_LINGER_S)
             return
         if not request.keep_alive or self.draining or self.lost or self._eof:
             self._close()
@@ -603,16 +609,17 @@ class H1Connection(asyncio.Protocol):
                 + _DATE.line() + b"connection: close\r\n\r\n" + body)
         self._linger()
 
-    def _linger(self) -> None:
+    def _linger(self, at_most_s: float = LINGER_MAX_S) -> None:
         self._cancel_idle_timer()
         self._lingering = True
-        self._linger_until = self.loop.time() + LINGER_MAX_S
+        self._linger_until = self.loop.time() + at_most_s
+        self._linger_idle_s = min(LINGER_IDLE_S, at_most_s)
         self._linger_more()
 
     def _linger_more(self) -> None:
         if self._linger_timer is not None:
             self._linger_timer.cancel()
-        delay = min(LINGER_IDLE_S, max(0.0, self._linger_until - self.loop.time()))
+        delay = min(self._linger_idle_s, max(0.0, self._linger_until - self.loop.time()))
         self._linger_timer = self.loop.call_later(delay, self._close)
 
     def _arm_idle_timer(self) -> None:
