@@ -1,4 +1,4 @@
-"""Hedgerow's own HTTP/1.1 server for the gateway's public port (opt-in).
+"""Hedgerow's own HTTP/1.1 server for the gateway's public port (the default).
 
 Hypercorn serves HTTP/1.1 through h11 (pure-Python parsing and framing), an
 ASGI message per chunk through a chain of coroutines, and a stream writer
@@ -15,7 +15,9 @@ Where it plugs in: the capped accept loop (``hedgerow.connection_cap``)
 decides per connection after the TLS handshake: a client that negotiated
 ``h2`` by ALPN goes to hypercorn as before; HTTP/1.1 goes to
 ``H1Connection`` when the listener's ``ACTIVE_H1`` holds ``H1Settings``
-(``hedgerow gateway --http1 native``). HTTP/2 and HTTP/3 are untouched.
+(``hedgerow gateway``, whose ``--http1`` is ``native`` unless set to
+``hypercorn``; ``build_config(native_http1=...)`` for other listeners).
+HTTP/2 and HTTP/3 are untouched.
 
 The bounds match what the hypercorn path enforces (``gateway.edge.transport``):
 the head must be complete within the keep-alive timeout of the connection's

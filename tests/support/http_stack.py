@@ -33,14 +33,14 @@ async def hello(scope: Message, receive: Any, send: Any) -> None:
 
 @asynccontextmanager
 async def gateway_listener(cert: DevCertificate, app: Any = hello, *, http3: bool = True,
-                           graceful_timeout_s: float = 5.0, native_http1: bool = False,
+                           graceful_timeout_s: float = 5.0,
                            **serve_options: Any) -> AsyncIterator[int]:
     """The gateway's transport (``gateway.edge.transport.serve``, every patch
-    installed) on 127.0.0.1, a free port; yields the port. ``native_http1``:
-    HTTP/1.1 served by ``hedgerow.h1``."""
+    installed) on 127.0.0.1, a free port; yields the port. HTTP/1.1 is
+    hypercorn's here, the path the patches change (``build_config``'s default;
+    the gateway's own HTTP/1.1 server: ``tests/integration/test_h1_native.py``)."""
     config = build_config(host="127.0.0.1", port=0, certfile=cert.cert, keyfile=cert.key,
-                          http3=http3, graceful_timeout_s=graceful_timeout_s,
-                          native_http1=native_http1)
+                          http3=http3, graceful_timeout_s=graceful_timeout_s)
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         port = await tg.start(lambda task_status: serve(app, config, stop.wait,
