@@ -14,7 +14,12 @@ Optional: the answer's length in tokens (default 3); ``app`` to drive the
 whole ``GatewayApp`` through an in-memory ASGI client (admission, the
 stream log, the reader writing SSE to the client; the server's disconnect hook)
 instead of ``Generation`` alone; ``profile`` to print the top of a cProfile
-of the measured part. ``cpu_us_per_token`` is CPU per request over tokens.
+of the measured part; ``gc`` to tune the collector first as ``hedgerow
+gateway`` does (``hedgerow.gc_tuning``; without it, CPython's defaults).
+``cpu_us_per_token`` is CPU per request over tokens.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/corridor.py 3000 100 8 app      # defaults
+    PYTHONPATH=$PWD .venv/bin/python bench/corridor.py 3000 100 8 app gc   # as shipped
 
 Run it as a script path (not ``-m``) to measure another checkout with the
 same file: ``PYTHONPATH=/path/to/that/tree .venv/bin/python bench/corridor.py``.
@@ -198,6 +203,10 @@ async def measure(total: int, streams: int, tokens: int = 3, app: bool = False,
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if "gc" in args[3:]:
+        from hedgerow.gc_tuning import tune_for_serving
+
+        tune_for_serving()
     print(json.dumps(anyio.run(measure, int(args[0]), int(args[1]),
                                int(args[2]) if len(args) > 2 else 3, "app" in args[3:],
                                "profile" in args[3:])))

@@ -19,10 +19,11 @@ done:
   freed at once as before; only garbage in reference cycles waits longer,
   at most one young threshold's worth of objects (a few MB).
 
-Measured (``bench/corridor.py 3000 100 8 app``, the corridor in one process,
-two runs each): 1.27 / 1.40 ms of CPU per request with CPython's defaults,
-0.98 / 1.31 with ``freeze`` alone, 0.80 / 0.92 with both (docs/benchmarks.md,
-"overhead"). Instagram's Django fleet does the same for the same reason.
+Measured (``bench/corridor.py 3000 100 8 app`` and the same with ``gc``: the
+corridor in one process, 100 streams, alternated, two runs each): 1.28 / 1.21
+ms of CPU per request with CPython's defaults, 0.85 / 0.93 tuned
+(docs/benchmarks.md, "overhead"). Instagram's Django fleet freezes its
+startup objects for the same reason.
 """
 
 from __future__ import annotations
