@@ -21,7 +21,7 @@ import pytest
 
 from gateway.edge.devcert import DevCertificate, ensure_dev_certificate
 from gateway.edge.transport import build_config, serve
-from hedgerow.asgi import DISCONNECT_EXTENSION
+from hedgerow.asgi import DISCONNECT_EXTENSION, handle_lifespan
 from hedgerow.connection_cap import ConnectionCap
 
 pytestmark = pytest.mark.anyio
@@ -37,11 +37,8 @@ def dev_cert(tmp_path_factory: pytest.TempPathFactory) -> DevCertificate:
 
 async def app(scope: Message, receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            await send({"type": message["type"] + ".complete"})
-            if message["type"] == "lifespan.shutdown":
-                return
+        await handle_lifespan(receive, send)
+        return
     path = scope["path"]
     if path == "/echo":  # the whole body back, with what the server said about it
         body = b""
