@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,8 @@ class Scheduler:
         self.hedge_budget = HedgeBudget(ratio=h.budget_ratio, burst=h.budget_burst)
         self.counters: dict[str, int] = {}
         self.transitions: list[BreakerTransition] = []
+        # Told when a ticket enters a queue: the clock sleeps while none waits.
+        self.on_queued: Callable[[], None] | None = None
         # Each model's workers as candidates, built once per registry snapshot
         # (a submit looks at them three to five times).
         self._serving_of: RegistrySnapshot | None = None
@@ -104,7 +107,10 @@ class Scheduler:
         if refusal is not None:
             return refusal
         worker = ticket.assignment.worker
-        return QUEUED if worker is None else Assigned(worker)
+        if worker is not None:
+            return Assigned(worker)
+        self._waits()
+        return QUEUED
 
     def charge_request(self, tenant: str, now: float, tokens: float = 0.0) -> Refused | None:
         """Charge one request to ``tenant``'s requests/s now, before the cache answers
@@ -215,6 +221,15 @@ class Scheduler:
             return ticket.arrival
         return ticket.deadline if ticket.due is None else ticket.due
 
+    def waiting(self) -> bool:
+        """Whether any ticket waits in a queue (else ``tick`` has nothing to do)."""
+        return any(len(queue) for queue in self.queues.values())
+
+    def _waits(self) -> None:
+        """A ticket was left waiting in its queue: tell the clock."""
+        if self.on_queued is not None:
+            self.on_queued()
+
     def _push(self, queue: EdfQueue[Ticket], ticket: Ticket, now: float) -> EdfHandle | None:
         # FIFO mode never sheds: its deadlines are out of reach.
         fifo = self.policy.scheduling.order == "fifo"
@@ -317,6 +332,7 @@ class Scheduler:
             return None
         self._count("retries")
         self._count("retries_queued")
+        self._waits()
         return REQUEUED
 
     def _retry_exclusions(self, model: str, tried: tuple[str, ...],

@@ -8,9 +8,12 @@ no I/O; this module holds the little that does:
   suspends). With ``--redis`` the tenant's shared requests/s and tokens/min
   (``gateway.corridor.shared_limits``) are taken first, which awaits Redis, then the
   scheduler's own admission decides, as before.
-- ``SchedulerClock`` calls ``scheduler.tick(now)`` every ``interval_s``:
-  queued requests past their deadline are shed, and queued ones dispatched
-  onto workers that the registry added or breakers let back meanwhile. It
+- ``SchedulerClock`` calls ``scheduler.tick(now)`` every ``interval_s``
+  while a ticket waits in a queue: queued requests past their deadline are
+  shed, and queued ones dispatched onto workers that the registry added or
+  breakers let back meanwhile. While no queue holds a ticket it sleeps until
+  the scheduler says one was left waiting (``Scheduler.on_queued``): an idle
+  gateway, or one whose requests all find a free slot at once, runs no tick. It
   runs as a supervised service; when it crashes and is restarted, nothing is
   lost, because the queues, the policy in force and every count live in the
   scheduler, which the task only borrows.
@@ -117,8 +120,25 @@ class SchedulerClock:
         self.scheduler = scheduler
         self.interval_s = interval_s
         self.clock = clock
+        self.ticks = 0
+        self._queued: anyio.Event | None = None  # set while it sleeps on an empty scheduler
 
     async def run(self) -> None:
-        while True:
-            self.scheduler.tick(self.clock())
-            await anyio.sleep(self.interval_s)
+        self.scheduler.on_queued = self._wake
+        try:
+            while True:
+                self.scheduler.tick(self.clock())
+                self.ticks += 1
+                if self.scheduler.waiting():
+                    await anyio.sleep(self.interval_s)
+                    continue
+                self._queued = anyio.Event()
+                await self._queued.wait()
+        finally:
+            self._queued = None
+            if self.scheduler.on_queued == self._wake:
+                self.scheduler.on_queued = None
+
+    def _wake(self) -> None:
+        if self._queued is not None:
+            self._queued.set()

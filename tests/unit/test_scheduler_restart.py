@@ -21,6 +21,7 @@ from gateway.corridor.scheduler import Scheduler
 from gateway.corridor.scheduling import CLOCK_RESTARTS, SchedulerClock
 from gateway.corridor.tickets import QUEUED, Assigned, Ticket
 from hedgerow.actors import ActorState, RestartPolicy, RestartTracker, Supervisor
+from hedgerow.errors import NoHealthyWorker
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot, WorkerLoad, WorkerRecord, WorkerRegistration
 from policies.admission import Refused
@@ -119,3 +120,33 @@ def test_the_clock_task_is_restarted_however_often_it_crashes() -> None:
     tracker = RestartTracker(CLOCK_RESTARTS)
     delays = [tracker.on_crash(now=i * 0.5, started_at=i * 0.5) for i in range(1000)]
     assert all(delay is not None and delay <= 1.0 for delay in delays)
+
+
+@pytest.mark.anyio
+async def test_the_clock_sleeps_while_no_ticket_waits_and_wakes_for_one_that_does() -> None:
+    """An idle gateway (or one whose requests all find a free slot) runs no tick;
+    a ticket left queued wakes the clock, which then sheds it at its deadline."""
+    directory = LatestValue(RegistrySnapshot(version=1, workers=(worker("a"),)), 1)
+    scheduler = Scheduler(policy(max_queue=100), directory)
+    clock = SchedulerClock(scheduler, clock=anyio.current_time)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(clock.run)
+        await anyio.sleep(0.2)
+        assert clock.ticks == 1  # the first look, then asleep
+        running = ticket("running")
+        assert isinstance(scheduler.submit(running, anyio.current_time()), Assigned)
+        await anyio.sleep(0.1)
+        assert clock.ticks == 1  # assigned at once: nothing for a tick to do
+        late = ticket("late")
+        late.deadline = anyio.current_time() + 0.1
+        assert scheduler.submit(late, anyio.current_time()) is QUEUED
+        with anyio.fail_after(PROMPT_S), pytest.raises(NoHealthyWorker, match="deadline"):
+            await late.assignment.wait()
+        assert clock.ticks > 1
+        shed = scheduler.stats(anyio.current_time())["counters"]["shed_deadline"]
+        assert shed == 1
+        ticks = clock.ticks
+        await anyio.sleep(0.2)
+        assert clock.ticks == ticks  # the tick that shed it left no queue: asleep since
+        tg.cancel_scope.cancel()
+    assert scheduler.on_queued is None
