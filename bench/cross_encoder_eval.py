@@ -1,4 +1,9 @@
-"""A candidate next design for the semantic cache, measured: a cross-encoder.
+"""The semantic cache's pair model, trained on chosen sets and tested on others (torch).
+
+Since 2026-12-04 this design is the cache's judge (``gateway.cache.pair_export``
+trains it at install time, ``bench.pair_eval`` measures the shipped export);
+this script remains the place to try the same recipe on other splits, e.g.
+to see how much each training set adds. What follows is its original case.
 
 The shipped semantic cache compares two questions by the cosine of their
 MiniLM embeddings, then the guards (``gateway.cache.guards``). This script
@@ -19,15 +24,13 @@ printed: ``sealed2`` is looked at once per design.
 
     .venv/bin/python -m bench.cross_encoder_eval --train first,holdout,fresh,sealed --test sealed2
 
-Needs ``hedgerow[export]`` (torch, transformers); ~3 minutes on two cores.
-Nothing in the gateway uses it: see docs/benchmarks.md for why.
+Needs ``hedgerow[export]`` (torch, transformers); ~5-10 minutes on two cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import time
 from collections.abc import Sequence
@@ -37,50 +40,19 @@ import numpy as np
 import orjson
 
 from bench.cache_eval import SETS, Pair, load_pairs, score_pairs
+from gateway.cache import pair_export
 from gateway.cache.embedder import load_minilm
 from gateway.cache.keys import normalize_text
-from gateway.cache.onnx_export import packaged_model_dir
+from gateway.cache.pair_export import LabelledPair, Recipe
 
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99)
 SHIPPED_COSINE = 0.68
 
 
-def train(pairs: Sequence[Pair], *, epochs: int = 4, lr: float = 3e-5, seed: int = 0) -> Any:
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    path = packaged_model_dir()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
-    examples = [(normalize_text(p.a), normalize_text(p.b), float(p.label)) for p in pairs]
-    examples += [(b, a, y) for a, b, y in examples]
-    batch = 16
-    steps = epochs * ((len(examples) + batch - 1) // batch)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, s / (0.1 * steps)) * max(0.0, (steps - s) / steps))
-    loss_of = torch.nn.BCEWithLogitsLoss()
-    started = time.monotonic()
-    for epoch in range(epochs):
-        model.train()
-        rng.shuffle(examples)
-        total = 0.0
-        for i in range(0, len(examples), batch):
-            chunk = examples[i:i + batch]
-            encoded = tokenizer([c[0] for c in chunk], [c[1] for c in chunk], padding=True,
-                                truncation=True, max_length=128, return_tensors="pt")
-            loss = loss_of(model(**encoded).logits.squeeze(-1), torch.tensor([c[2] for c in chunk]))
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            total += loss.item() * len(chunk)
-        print(f"epoch {epoch}: loss {total / len(examples):.4f} "
-              f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
-    model.eval()
-    return model, tokenizer
+def train(pairs: Sequence[Pair], *, epochs: int = 4, seed: int = 0) -> Any:
+    """The shipped recipe (``gateway.cache.pair_export.train``), on ``pairs``."""
+    return pair_export.train([LabelledPair(p.a, p.b, p.label) for p in pairs],
+                             Recipe(epochs=epochs, seed=seed))
 
 
 def pair_scores(model: Any, tokenizer: Any, pairs: Sequence[Pair]) -> np.ndarray:
@@ -125,7 +97,7 @@ def evaluate(pairs: Sequence[Pair], scores: np.ndarray, cosine: np.ndarray,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--train", default="first,holdout,fresh,sealed")
+    parser.add_argument("--train", default="first,holdout,fresh,sealed,pairs_train")
     parser.add_argument("--test", default="sealed2")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)

@@ -459,22 +459,26 @@ def _add_cache(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
             kind.add_argument("--model", help="a model name or alias")
             kind.add_argument("--key", help="one exact key")
     export = kinds.add_parser(
-        "export-model", help="export the semantic cache's embedding model to ONNX, once "
-                             "(needs hedgerow[export]; the gateway runs it without torch)")
+        "export-model", help="export the semantic cache's embedding model to ONNX and train "
+                             "its pair model, once (needs hedgerow[export]; the gateway runs "
+                             "both without torch)")
     export.add_argument("--force", action="store_true",
-                        help="export again even if an export of the same weights is there")
+                        help="export (and train) again even if an export of the same weights, "
+                             "training pairs and recipe is there")
     export.set_defaults(run=_run_export_model)
 
 
 def _run_export_model(args: argparse.Namespace) -> int:
     from gateway.cache.onnx_export import export_model
+    from gateway.cache.pair_export import export_pair_model
 
-    try:
-        directory, exported = export_model(force=args.force)
-    except (ImportError, OSError, RuntimeError) as error:
-        print(f"hedgerow cache export-model: {error}", file=sys.stderr)
-        return 1
-    print(f"{'exported to' if exported else 'up to date:'} {directory}")
+    for export in (export_model, export_pair_model):
+        try:
+            directory, exported = export(force=args.force)
+        except (ImportError, OSError, RuntimeError) as error:
+            print(f"hedgerow cache export-model: {error}", file=sys.stderr)
+            return 1
+        print(f"{'exported to' if exported else 'up to date:'} {directory}")
     return 0
 
 

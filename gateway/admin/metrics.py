@@ -27,11 +27,12 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
 - From ``ResponseCache.stats()`` at scrape time (``watch_cache``):
   ``hedgerow_cache_redis_faults_total{kind}`` (timeout, error, skipped while
   the circuit is open, sync), ``hedgerow_cache_guard_rejections_total{reason}``
-  (semantic matches refused by a guard), ``hedgerow_cache_evictions_total{kind}``,
+  (semantic candidates refused by the pair model or a guard), ``hedgerow_cache_evictions_total{kind}``,
   ``hedgerow_cache_entries{kind}`` (this gateway's memory), and the embedder's
   health: ``hedgerow_cache_embedder_ready``,
   ``hedgerow_cache_embedder_starts_total`` and
-  ``hedgerow_cache_embeds_failed_total{reason}`` (refused, lost), exported only
+  ``hedgerow_cache_embeds_failed_total{reason}`` (refused, lost) and
+  ``hedgerow_cache_judgements_failed_total`` (no pair model), exported only
   while the policy turns the semantic cache on.
 - From ``ConnectionCap.stats()`` at scrape time (``watch_connections``):
   ``hedgerow_connections_open`` (TCP and QUIC connections open now,
@@ -504,9 +505,10 @@ def cache_families(stats: Mapping[str, Any]) -> list[Metric]:
         _counter("hedgerow_cache_redis_faults_total", "Cache calls to Redis that failed, timed "
                  "out, were skipped while Redis was marked down, or broke the semantic sync "
                  "(each served as a miss, never failed).", "kind", faults),
-        _counter("hedgerow_cache_guard_rejections_total", "Semantic matches above the "
-                 "threshold refused because numbers, units, negations, names or code "
-                 "identifiers differ.", "reason", dict(stats.get("guard_rejections", {}))),
+        _counter("hedgerow_cache_guard_rejections_total", "Semantic candidates refused: "
+                 "by the pair model (reason pair_model), or, with judge cosine, above the "
+                 "threshold but refused by a guard (numbers, units, negations, names, code "
+                 "identifiers...).", "reason", dict(stats.get("guard_rejections", {}))),
         _counter("hedgerow_cache_evictions_total", "Entries evicted from this gateway's "
                  "memory by the size bounds.", "kind",
                  {"exact": stats.get("exact_evictions", 0),
@@ -532,6 +534,10 @@ def _embedder_families(embedder: Mapping[str, int]) -> list[Metric]:
                  "semantic miss): refused (not ready, queue full) or lost (the sidecar "
                  "died while they waited).", "reason",
                  {"refused": embedder.get("refused", 0), "lost": embedder.get("lost", 0)}),
+        _counter("hedgerow_cache_judgements_failed_total", "Semantic lookups whose candidates "
+                 "the pair model did not judge (each a miss): above all, a sidecar without "
+                 "the pair model (run `hedgerow cache export-model`).", None,
+                 {"": embedder.get("judge_failures", 0)}),
     ]
 
 

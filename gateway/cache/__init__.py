@@ -68,7 +68,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import anyio
@@ -77,7 +77,7 @@ from anyio.abc import TaskStatus
 from redis.asyncio import Redis
 
 from gateway.cache.embed_sidecar import SidecarEmbedder
-from gateway.cache.embedder import Embedder
+from gateway.cache.embedder import Embedder, PairJudge
 from gateway.cache.entry import (
     CacheEntry,
     EntryBuilder,
@@ -135,7 +135,8 @@ def _headers(headers: HeadersLike | None) -> Mapping[str, str]:
 
 class ResponseCache:
     def __init__(self, policy: Policy, redis_url: str | None = None, *,
-                 embedder: Embedder | None = None, clock: Callable[[], float] = time.time,
+                 embedder: Embedder | None = None, judge: PairJudge | None = None,
+                 clock: Callable[[], float] = time.time,
                  origin: str | None = None, redis_tls: RedisTls = RedisTls()) -> None:
         self.policy = policy
         self.clock = clock
@@ -157,10 +158,9 @@ class ResponseCache:
                               max_entries_per_namespace=semantic.max_entries_per_namespace,
                               max_namespaces=semantic.max_namespaces,
                               hnsw_above=semantic.hnsw_above)
-        self.semantic = SemanticCache(index, self.embedder,
-                                      SemanticSettings(semantic.threshold, semantic.ttl_s),
+        self.semantic = SemanticCache(index, self.embedder, SemanticSettings.of(semantic),
                                       self.redis, self.guard, origin=origin,
-                                      on_remote_purge=self.exact.local.lru.purge)
+                                      on_remote_purge=self.exact.local.lru.purge, judge=judge)
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self.counts: dict[str, int] = {"exact": 0, "semantic": 0, "miss": 0, "bypass": 0,
                                        "uncacheable": 0, "stored": 0}
@@ -184,8 +184,8 @@ class ResponseCache:
         self.guard.timeout_s = settings.redis_timeout_ms / 1000
         self.guard.circuit.retry_after_s = settings.redis_retry_after_s
         semantic = settings.semantic
-        self.semantic.settings.threshold = semantic.threshold
-        self.semantic.settings.ttl_s = semantic.ttl_s
+        self.semantic.settings = replace(SemanticSettings.of(semantic),
+                                         embed_timeout_s=self.semantic.settings.embed_timeout_s)
         self.semantic.index.configure(max_entries_per_namespace=semantic.max_entries_per_namespace,
                                       max_namespaces=semantic.max_namespaces,
                                       hnsw_above=semantic.hnsw_above)
@@ -273,7 +273,7 @@ class ResponseCache:
         if vector is None:
             return None
         self._remember(keys.exact, vector)
-        found = self.semantic.search(keys, vector, self.clock())
+        found = await self.semantic.find(keys, vector, self.clock())
         if isinstance(found, SemanticMatch):
             return Hit("semantic", found.item.entry, keys.exact, found.score)
         return None
@@ -334,6 +334,7 @@ class ResponseCache:
             "semantic_evictions": self.semantic.index.evictions,
             "semantic_synced": self.semantic.synced,
             "guard_rejections": dict(self.semantic.guard_rejections),
+            "semantic_judge": self.semantic.settings.judge,
             "redis_timeouts": self.guard.timeouts,
             "redis_errors": self.guard.errors,
             "redis_skipped": self.guard.skipped,
@@ -352,4 +353,5 @@ class ResponseCache:
         return {"ready": int(bool(getattr(embedder, "ready", True))),
                 "starts": int(getattr(embedder, "starts", 0)),
                 "refused": int(getattr(embedder, "refused", 0)),
-                "lost": int(getattr(embedder, "lost", 0))}
+                "lost": int(getattr(embedder, "lost", 0)),
+                "judge_failures": int(getattr(embedder, "judge_failures", 0))}

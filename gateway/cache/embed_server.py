@@ -1,4 +1,4 @@
-"""The embedding sidecar: all-MiniLM-L6-v2 in its own process, served on a Unix socket.
+"""The embedding sidecar: all-MiniLM-L6-v2 and the cache's pair model in their own process.
 
     python -m gateway.cache.embed_server --socket PATH [--threads N]
 
@@ -16,7 +16,11 @@ writes ``no-model <why and how to fix it>`` instead and exits with
 semantic cache. Frames
 are those of ``gateway.cache.embed_wire``. Requests from every connection
 join one bounded queue; while one batch encodes on a thread the next one
-gathers, so batches grow exactly when load does (as in ``MiniLmEmbedder``).
+gathers, so batches grow exactly when load does (as in ``MiniLmEmbedder``):
+the batch's embeds in one model call, its judgements in one call of the pair
+model (``gateway.cache.pair_model``). The pair model is loaded too when it has
+been exported; without it the server still embeds, says why once in its log,
+and answers every judge request FAILED (a miss for the cache).
 
 The server lives only as long as its parent: it exits when stdin reaches EOF
 (the parent's end of the pipe closes when the parent dies, however it dies)
@@ -45,6 +49,7 @@ from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from gateway.cache.embed_wire import (
+    EMBED,
     EXIT_NO_MODEL,
     MAX_LINE_BYTES,
     NO_MODEL_LINE,
@@ -52,10 +57,11 @@ from gateway.cache.embed_wire import (
     EmbedRequest,
     ProtocolError,
     failure_frame,
+    floats_frame,
     read_request,
-    vector_frame,
 )
 from gateway.cache.embedder import DIM, MAX_BATCH, MAX_PENDING, encode, load_minilm, next_batch
+from gateway.cache.pair_model import judge_many, load_pair_model
 
 log = logging.getLogger("hedgerow.embed-server")
 
@@ -85,10 +91,14 @@ class _Job:
     reply_to: _Connection
 
 
+NO_PAIR_MODEL = "no pair model in this sidecar"
+
+
 class EmbedServer:
-    def __init__(self, model: Any, *, max_batch: int = MAX_BATCH,
+    def __init__(self, model: Any, pair_model: Any = None, *, max_batch: int = MAX_BATCH,
                  max_queued: int = MAX_PENDING) -> None:
         self.model = model
+        self.pair_model = pair_model  # None: judge requests fail (a miss)
         self.max_batch = max_batch
         self._send, self._receive = anyio.create_memory_object_stream[_Job](max_queued)
         self.batches = 0
@@ -113,26 +123,46 @@ class EmbedServer:
             await self._answer(await next_batch(self._receive, self.max_batch))
 
     async def _answer(self, batch: list[_Job]) -> None:
-        texts = [job.request.text for job in batch]
         replies: dict[_Connection, list[bytes]] = defaultdict(list)
+        embeds = [job for job in batch if job.request.op == EMBED]
+        judges = [job for job in batch if job.request.op != EMBED]
+        if judges and self.pair_model is None:
+            for job in judges:
+                replies[job.reply_to].append(failure_frame(job.request.request_id, NO_PAIR_MODEL))
+            judges = []
         try:
-            vectors = await anyio.to_thread.run_sync(encode, self.model, texts)
+            vectors, scores = await anyio.to_thread.run_sync(self._compute, embeds, judges)
         except (RuntimeError, ValueError) as error:  # a model failure fails this batch only
-            log.warning("embedding a batch of %d failed: %s", len(batch), error)
-            for job in batch:
+            log.warning("a batch of %d embeds and %d judgements failed: %s",
+                        len(embeds), len(judges), error)
+            for job in (*embeds, *judges):
                 replies[job.reply_to].append(failure_frame(job.request.request_id, str(error)))
         else:
-            for row, job in enumerate(batch):
+            for row, job in enumerate(embeds):
                 replies[job.reply_to].append(
-                    vector_frame(job.request.request_id, vectors[row], len(batch)))
+                    floats_frame(job.request.request_id, vectors[row], len(batch)))
+            at = 0
+            for job in judges:
+                count = len(job.request.texts) - 1
+                replies[job.reply_to].append(
+                    floats_frame(job.request.request_id, scores[at:at + count], len(batch)))
+                at += count
         self.batches += 1
         for connection, frames in replies.items():
             await connection.send(b"".join(frames))
 
+    def _compute(self, embeds: list[_Job], judges: list[_Job]) -> tuple[Any, Any]:
+        """(vectors, scores) of a batch, each with one model call (blocking: a thread)."""
+        vectors = encode(self.model, [job.request.texts[0] for job in embeds]) if embeds else None
+        pairs = [(job.request.texts[0], cached) for job in judges
+                 for cached in job.request.texts[1:]]
+        scores = judge_many(self.pair_model, pairs) if pairs else None
+        return vectors, scores
 
-async def serve(model: Any, socket_path: Path, ready_fd: int) -> None:
+
+async def serve(model: Any, pair_model: Any, socket_path: Path, ready_fd: int) -> None:
     """Bind, say ready, serve until killed."""
-    server = EmbedServer(model)
+    server = EmbedServer(model, pair_model)
     if socket_path.is_socket():
         socket_path.unlink()  # left by a predecessor that was killed
     listener = await anyio.create_unix_listener(socket_path)
@@ -168,6 +198,19 @@ def _die_with_parent() -> None:
     threading.Thread(target=wait_for_eof, name="parent-watch", daemon=True).start()
 
 
+def _pair_model(threads: int) -> Any:
+    """The pair model, warmed up; None (said once, here) when it cannot load."""
+    try:
+        pair_model = load_pair_model(threads)
+        judge_many(pair_model, [("warm up", "warm up")])
+    except (ImportError, OSError) as error:
+        log.warning("semantic cache: no pair model, so every semantic lookup misses: %s",
+                    " ".join(str(error).split()))
+        return None
+    log.info("semantic cache: pair model loaded")
+    return pair_model
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway.cache.embed_server")
     parser.add_argument("--socket", type=Path, required=True)
@@ -193,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NO_MODEL
     log.info("embedding model loaded in %.1fs (pid %d, %d thread(s))",
              time.monotonic() - started, os.getpid(), args.threads)
-    anyio.run(serve, model, args.socket, ready_fd)
+    anyio.run(serve, model, _pair_model(args.threads), args.socket, ready_fd)
     return 0
 
 

@@ -1,17 +1,18 @@
-"""The gateway's embedder: MiniLM in a supervised sidecar process.
+"""The gateway's embedder and pair judge: MiniLM in a supervised sidecar process.
 
-``SidecarEmbedder`` implements the ``Embedder`` protocol without loading
-torch into the gateway: ``run`` starts ``python -m gateway.cache.embed_server``
-(same interpreter, same virtualenv) with its Unix socket in a private temp
-directory, waits for its ``ready`` line, connects once and multiplexes every
-concurrent ``embed`` over that connection by request id (the server batches
-them). Why a process: with torch in the gateway an idle connection cost
+``SidecarEmbedder`` implements the ``Embedder`` and ``PairJudge`` protocols
+without loading a model into the gateway: ``run`` starts ``python -m
+gateway.cache.embed_server`` (same interpreter, same virtualenv) with its Unix
+socket in a private temp directory, waits for its ``ready`` line, connects
+once and multiplexes every concurrent ``embed`` and ``judge`` over that
+connection by request id (the server batches them). Why a process: with torch in the gateway an idle connection cost
 several times more memory and encoding competed with the event loop for the
 GIL (docs/reliability.md).
 
-Failure is a cache miss, never a failed request: ``embed`` raises
-``EmbedderBusy`` at once when the sidecar is not ready or ``max_pending``
-embeds already wait; if the child dies or the socket breaks, every pending
+Failure is a cache miss, never a failed request: ``embed`` and ``judge``
+raise ``EmbedderBusy`` at once when the sidecar is not ready or
+``max_pending`` requests already wait (and ``judge`` when the sidecar has no
+pair model: ``judge_failures`` counts them); if the child dies or the socket breaks, every pending
 embed fails with ``EmbedderBusy``, ``ready`` goes False and the child is
 started again after a backoff (``RestartTracker``; the reason is logged).
 Too many deaths in a row, or a model that cannot be loaded at all, turn the
@@ -47,6 +48,8 @@ from gateway.cache.embed_wire import (
     NO_MODEL_LINE,
     READY_LINE,
     ProtocolError,
+    floats_of,
+    judge_frame,
     read_response,
     request_frame,
 )
@@ -67,8 +70,9 @@ _BROKEN = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
 
 @dataclass
 class _Waiter:
+    floats: int  # in the answer: the vector's dimension, or one score per cached question
     done: anyio.Event = field(default_factory=anyio.Event)
-    vector: np.ndarray | None = None
+    values: np.ndarray | None = None
     error: str = "embedding failed"
 
 
@@ -113,6 +117,8 @@ class SidecarEmbedder:
         self.embedded = 0
         self.refused = 0
         self.lost = 0  # embeds failed because the child died or the socket broke
+        self.judged = 0
+        self.judge_failures = 0  # judgements the sidecar answered FAILED (no pair model)
         self.largest_batch = 0  # the most texts the sidecar encoded in one model call
         self._pending: dict[int, _Waiter] = {}
         self._ids = itertools.count(1)
@@ -121,24 +127,39 @@ class SidecarEmbedder:
     # -- the Embedder protocol --------------------------------------------
 
     async def embed(self, text: str) -> np.ndarray:
+        vector = await self._ask(lambda request_id: request_frame(request_id, text), self.dim)
+        self.embedded += 1
+        return vector
+
+    async def judge(self, question: str, cached: Sequence[str]) -> np.ndarray:
+        """How surely each cached question asks what ``question`` asks (0..1)."""
+        try:
+            scores = await self._ask(lambda request_id: judge_frame(request_id, question, cached),
+                                     len(cached))
+        except EmbedderBusy:
+            self.judge_failures += 1
+            raise
+        self.judged += 1
+        return scores
+
+    async def _ask(self, frame: Callable[[int], bytes], floats: int) -> np.ndarray:
         outbox = self._outbox
         if not self.ready or outbox is None:
             self._refuse("embedding sidecar not ready")
         if len(self._pending) >= self.max_pending:
             self._refuse("embedding queue full")
         request_id = next(self._ids)
-        waiter = self._pending[request_id] = _Waiter()
+        waiter = self._pending[request_id] = _Waiter(floats)
         try:
-            outbox.send_nowait(request_frame(request_id, text))
+            outbox.send_nowait(frame(request_id))
             await waiter.done.wait()
         except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._refuse("embedding sidecar unavailable")
         finally:
             self._pending.pop(request_id, None)  # also when cancelled: a late answer is dropped
-        if waiter.vector is None:
+        if waiter.values is None:
             raise EmbedderBusy(waiter.error)
-        self.embedded += 1
-        return waiter.vector
+        return waiter.values
 
     def _refuse(self, why: str) -> NoReturn:
         self.refused += 1
@@ -246,13 +267,15 @@ class SidecarEmbedder:
     async def _read(self, stream: SocketStream) -> None:
         frames = BufferedByteReceiveStream(stream)
         while True:
-            response = await read_response(frames, self.dim)
+            response = await read_response(frames)
             waiter = self._pending.get(response.request_id)
             if waiter is None:
                 continue  # its embed was cancelled (timed out) meanwhile
-            waiter.vector = response.vector
-            self.largest_batch = max(self.largest_batch, response.batch)
-            waiter.error = response.error or waiter.error
+            if response.ok:
+                waiter.values = floats_of(response, waiter.floats)
+                self.largest_batch = max(self.largest_batch, response.batch)
+            else:
+                waiter.error = response.payload.decode("utf-8", errors="replace")
             waiter.done.set()
 
     def _disconnected(self) -> None:

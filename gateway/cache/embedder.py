@@ -44,6 +44,14 @@ class Embedder(Protocol):
     async def embed(self, text: str) -> np.ndarray: ...
 
 
+class PairJudge(Protocol):
+    """The semantic cache's judge (``gateway.cache.pair_model``, in the sidecar)."""
+
+    async def judge(self, question: str, cached: Sequence[str]) -> np.ndarray:
+        """One score in 0..1 per cached question; EmbedderBusy when it cannot."""
+        ...
+
+
 def load_minilm(threads: int | None = None) -> Any:
     """The bundled all-MiniLM-L6-v2 on the CPU: its ONNX export on ONNX Runtime
     (``gateway.cache.onnx_minilm``), which needs no torch. Raises

@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,33 +121,45 @@ def _replace_dir(new: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
 def export_graph(model_dir: Path, graph: Path) -> str:
     """``torch.onnx.export`` of the transformer (token embeddings out); returns torch's version."""
     try:
-        import torch
         from transformers import AutoModel
     except ImportError as error:
         raise ImportError(f"exporting the embedding model needs {error.name}: "
                           f"{MISSING_EXTRA}") from error
 
     model = AutoModel.from_pretrained(str(model_dir)).eval()
+    # The tracer's notes on this graph (constant shapes, index ops) are checked
+    # by the vector tests (tests/integration/test_onnx_embedder.py).
+    return export_bert(model, graph, "hidden", lambda out: out.last_hidden_state,
+                       {0: "batch", 1: "tokens"}, example=(1, 4))
 
-    class LastHiddenState(torch.nn.Module):
+
+def export_bert(model: Any, graph: Path, output: str, pick: Callable[[Any], Any],
+                output_axes: dict[int, str], *, example: tuple[int, int]) -> str:
+    """``torch.onnx.export`` of a BERT-shaped ``model`` (in eval mode) whose output
+    ``pick`` chooses, batch and token axes dynamic; returns torch's version."""
+    import torch
+
+    class Output(torch.nn.Module):
         def __init__(self, inner: Any) -> None:
             super().__init__()
             self.inner = inner
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).last_hidden_state
+            return pick(self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                                   token_type_ids=token_type_ids))
 
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    example = tuple(torch.ones((1, 4), dtype=torch.int64) for _ in names)
+    names = list(BERT_INPUTS)
+    inputs = tuple(torch.ones(example, dtype=torch.int64) for _ in names)
     with warnings.catch_warnings():
-        # The tracer's notes on this graph (constant shapes, index ops) are
-        # checked by the vector tests (tests/integration/test_onnx_embedder.py).
-        warnings.simplefilter("ignore")
-        torch.onnx.export(LastHiddenState(model), example, str(graph), input_names=names,
-                          output_names=["hidden"], opset_version=OPSET, dynamo=False,
-                          dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "hidden"]})
+        warnings.simplefilter("ignore")  # the callers' tests check the graph's numbers
+        torch.onnx.export(Output(model).eval(), inputs, str(graph), input_names=names,
+                          output_names=[output], opset_version=OPSET, dynamo=False,
+                          dynamic_axes={**{n: {0: "batch", 1: "tokens"} for n in names},
+                                        output: output_axes})
     return str(torch.__version__)

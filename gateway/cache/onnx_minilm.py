@@ -26,6 +26,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,12 +57,8 @@ def export_dir() -> Path:
 
 def read_manifest(directory: Path) -> dict[str, object]:
     """The export's manifest; raises ModelNotExported when the export is absent or partial."""
-    try:
-        manifest = json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
-        manifest = None
-    missing = [name for name in (GRAPH, TOKENIZER) if not (directory / name).is_file()]
-    if not isinstance(manifest, dict) or missing:
+    manifest = complete_export(directory, MANIFEST, GRAPH)
+    if manifest is None:
         raise ModelNotExported(
             f"no ONNX export of all-MiniLM-L6-v2 in {directory}: create it once with "
             f"`{EXPORT_COMMAND}` (needs pip install 'hedgerow[export]'; "
@@ -69,25 +66,39 @@ def read_manifest(directory: Path) -> dict[str, object]:
     return manifest
 
 
+def complete_export(directory: Path, manifest: str, graph: str) -> dict[str, object] | None:
+    """An export directory's manifest if the manifest, the graph and the tokenizer are all there."""
+    try:
+        found = json.loads((directory / manifest).read_text())
+    except (OSError, ValueError):
+        return None
+    missing = [name for name in (graph, TOKENIZER) if not (directory / name).is_file()]
+    return found if isinstance(found, dict) and not missing else None
+
+
+def session_and_tokenizer(graph: Path, threads: int | None, what: str) -> tuple[Any, Any]:
+    """An ONNX Runtime session on ``graph`` (CPU, ``threads`` intra-op; 0: all) and the
+    fast tokenizer beside it; ImportError naming ``what`` without ``hedgerow[cache]``."""
+    try:
+        import onnxruntime
+        from tokenizers import Tokenizer
+    except ImportError as error:
+        raise ImportError(f"{what} needs {error.name}: {MISSING_EXTRA}") from error
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads or 0
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+    return session, Tokenizer.from_file(str(graph.parent / TOKENIZER))
+
+
 class OnnxMiniLm:
     """Sentence embeddings from an ONNX Runtime session (unit-length float32 rows)."""
 
     def __init__(self, directory: Path, threads: int | None = 1) -> None:
-        try:
-            import onnxruntime
-            from tokenizers import Tokenizer
-        except ImportError as error:
-            raise ImportError(f"the semantic cache's embedder needs {error.name}: "
-                              f"{MISSING_EXTRA}") from error
-
         manifest = read_manifest(directory)
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads or 0
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = onnxruntime.InferenceSession(str(directory / GRAPH), options,
-                                                    providers=["CPUExecutionProvider"])
-        self.tokenizer = Tokenizer.from_file(str(directory / TOKENIZER))
+        self.session, self.tokenizer = session_and_tokenizer(
+            directory / GRAPH, threads, "the semantic cache's embedder")
         self.tokenizer.enable_truncation(max_length=int(str(manifest.get("max_tokens", 256))))
         self.tokenizer.enable_padding()  # to the longest text of a batch
         self.manifest = manifest

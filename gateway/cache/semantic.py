@@ -6,8 +6,16 @@ never collides. Each namespace has its own FAISS index over unit vectors
 (inner product = cosine): exact ``IndexFlatIP`` while small, ``IndexHNSWFlat``
 once it holds more than ``hnsw_above`` entries. Entries are bounded per
 namespace (least recently used evicted), namespaces are bounded too, and
-every entry has a TTL. A lookup is a hit only when the best candidates'
-similarity reaches the threshold AND the guards (``guards.compare``) agree.
+every entry has a TTL. How a lookup decides depends on the policy's judge:
+
+- ``pair_model`` (the default): the ``candidates`` nearest the question (at
+  most ``max_candidates``, cosine at least ``candidate_floor``) are read
+  together with it by the pair model (``gateway.cache.pair_model``, in the
+  sidecar); ``choose`` takes the one it scores highest if that reaches
+  ``pair_threshold``. The guards are not applied: on top of the pair model
+  they cost recall and bought no precision (docs/benchmarks.md).
+- ``cosine``: a hit when a candidate's cosine reaches ``threshold`` AND the
+  guards (``guards.compare``) agree (``search``).
 
 ``SemanticIndex`` is synchronous and takes ``now``; the I/O (embedding,
 Redis, HNSW builds on a thread) is in ``semantic_cache.py``.
@@ -16,6 +24,7 @@ Redis, HNSW builds on a thread) is in ``semantic_cache.py``.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import count
 
@@ -64,7 +73,23 @@ class SemanticMatch:
 @dataclass(frozen=True)
 class SemanticMiss:
     best_score: float  # -1 when the namespace is empty
-    rejected_by: str | None  # the guard that refused an above-threshold candidate
+    # What refused a candidate: a guard's name, or JUDGE_REFUSED (the pair model).
+    rejected_by: str | None
+
+
+JUDGE_REFUSED = "pair_model"
+
+
+def choose(candidates: Sequence[SemanticMatch], scores: Sequence[float],
+           threshold: float) -> SemanticMatch | SemanticMiss:
+    """The candidate the pair model scored highest, if it reaches ``threshold``;
+    its match carries that score. ``candidates`` come best cosine first."""
+    if not candidates:
+        return SemanticMiss(-1.0, None)
+    best = max(range(len(candidates)), key=lambda i: scores[i])
+    if scores[best] >= threshold:
+        return SemanticMatch(candidates[best].item, float(scores[best]))
+    return SemanticMiss(candidates[0].score, JUDGE_REFUSED)
 
 
 def build_index(dim: int, hnsw: bool, vectors: list[np.ndarray]) -> faiss.Index:
@@ -151,13 +176,13 @@ class NamespaceIndex:
                 self._index.add(item.vector.reshape(1, -1))
                 self._positions.append(item_id)
 
-    def search(self, vector: np.ndarray, threshold: float, question: guards.Facts,
-               now: float) -> SemanticMatch | SemanticMiss:
+    def nearest(self, vector: np.ndarray, now: float) -> list[SemanticMatch]:
+        """Up to SEARCH_K live entries by cosine, best first (expired ones removed)."""
         if not self.items:
-            return SemanticMiss(-1.0, None)
+            return []
         k = min(SEARCH_K, len(self._positions))
         scores, rows = self._index.search(vector.reshape(1, -1), k)
-        best, rejected = -1.0, None
+        found = []
         for score, row in zip(scores[0].tolist(), rows[0].tolist()):
             item = self.items.get(self._positions[row]) if row >= 0 else None
             if item is None:
@@ -165,13 +190,26 @@ class NamespaceIndex:
             if item.expires <= now:
                 self.remove(item.item_id)
                 continue
-            best = max(best, score)
-            if score < threshold:
+            found.append(SemanticMatch(item, score))
+        return found
+
+    def used(self, item: SemanticItem) -> None:
+        """A hit: the entry is the most recently used."""
+        if item.item_id in self.items:
+            self.items.move_to_end(item.item_id)
+
+    def search(self, vector: np.ndarray, threshold: float, question: guards.Facts,
+               now: float) -> SemanticMatch | SemanticMiss:
+        """The cosine judge: the first candidate at or above ``threshold`` that the guards pass."""
+        best, rejected = -1.0, None
+        for candidate in self.nearest(vector, now):
+            best = max(best, candidate.score)
+            if candidate.score < threshold:
                 break  # results come best first
-            reason = guards.compare(question, self._facts[item.item_id])
+            reason = guards.compare(question, self._facts[candidate.item.item_id])
             if reason is None:
-                self.items.move_to_end(item.item_id)
-                return SemanticMatch(item, score)
+                self.used(candidate.item)
+                return candidate
             rejected = rejected or reason
         return SemanticMiss(best, rejected)
 
@@ -228,6 +266,20 @@ class SemanticIndex:
             return SemanticMiss(-1.0, None)
         self._namespaces.move_to_end(namespace)
         return space.search(vector, threshold, guards.facts(question), now)
+
+    def candidates(self, namespace: str, vector: np.ndarray, floor: float, limit: int,
+                   now: float) -> list[SemanticMatch]:
+        """For the pair model: the ``limit`` nearest live entries with cosine >= ``floor``."""
+        space = self._namespaces.get(namespace)
+        if space is None:
+            return []
+        self._namespaces.move_to_end(namespace)
+        return [c for c in space.nearest(vector, now) if c.score >= floor][:limit]
+
+    def used(self, match: SemanticMatch) -> None:
+        space = self._namespaces.get(match.item.namespace)
+        if space is not None:
+            space.used(match.item)
 
     def purge(self, what: Purge) -> int:
         removed = 0

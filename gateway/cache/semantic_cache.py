@@ -29,7 +29,7 @@ from anyio.abc import TaskStatus
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.cache.embedder import Embedder, EmbedderBusy
+from gateway.cache.embedder import Embedder, EmbedderBusy, PairJudge
 from gateway.cache.entry import CacheEntry, EntryDecodeError
 from gateway.cache.keys import CacheKeys
 from gateway.cache.semantic import (
@@ -39,8 +39,10 @@ from gateway.cache.semantic import (
     SemanticMatch,
     SemanticMiss,
     build_index,
+    choose,
 )
 from gateway.cache.store import Guarded, Purge
+from policies.schema import SemanticCache as SemanticPolicy
 
 log = logging.getLogger("hedgerow.cache")
 
@@ -92,19 +94,37 @@ def record_from_fields(raw: Fields, dim: int) -> SemanticItem | Purge | None:
         return None
 
 
+_SHIPPED = SemanticPolicy()
+
+
 @dataclass
 class SemanticSettings:
-    threshold: float
+    threshold: float  # judge "cosine": with the guards
     ttl_s: float
-    embed_timeout_s: float = 0.25  # a slower embedding (queue under load) is a miss
+    embed_timeout_s: float = 0.25  # a slower embedding or judgement (queue under load) is a miss
+    judge: str = _SHIPPED.judge  # "pair_model" or "cosine" (policies.schema.SemanticCache)
+    pair_threshold: float = _SHIPPED.pair_threshold
+    max_candidates: int = _SHIPPED.max_candidates
+    candidate_floor: float = _SHIPPED.candidate_floor
+
+    @classmethod
+    def of(cls, semantic: SemanticPolicy) -> SemanticSettings:
+        return cls(semantic.threshold, semantic.ttl_s, judge=semantic.judge,
+                   pair_threshold=semantic.pair_threshold,
+                   max_candidates=semantic.max_candidates,
+                   candidate_floor=semantic.candidate_floor)
 
 
 class SemanticCache:
     def __init__(self, index: SemanticIndex, embedder: Embedder, settings: SemanticSettings,
                  redis: Redis | None, guard: Guarded, *, origin: str | None = None,
-                 on_remote_purge: Callable[[Purge], object] | None = None) -> None:
+                 on_remote_purge: Callable[[Purge], object] | None = None,
+                 judge: PairJudge | None = None) -> None:
         self.index = index
         self.embedder = embedder
+        if judge is None and hasattr(embedder, "judge"):  # the sidecar embeds and judges
+            judge = cast(PairJudge, embedder)
+        self.judge = judge  # None: no judge, so judge "pair_model" lookups miss
         self.settings = settings
         self.redis = redis
         self.guard = guard
@@ -131,14 +151,46 @@ class SemanticCache:
                 return None
         return None
 
-    def search(self, keys: CacheKeys, vector: np.ndarray, now: float) -> SemanticMatch | SemanticMiss:
+    async def find(self, keys: CacheKeys, vector: np.ndarray,
+                   now: float) -> SemanticMatch | SemanticMiss:
+        """The cached answer to reuse for ``keys.question``, as the policy's judge decides."""
         assert keys.question is not None
-        found = self.index.search(keys.semantic_namespace, vector, self.settings.threshold,
-                                  keys.question, now)
+        settings = self.settings
+        if settings.judge == "cosine":
+            found = self.index.search(keys.semantic_namespace, vector, settings.threshold,
+                                      keys.question, now)
+        else:
+            found = await self._judged(keys, keys.question, vector, now)
         if isinstance(found, SemanticMiss) and found.rejected_by:
             reason = found.rejected_by
             self.guard_rejections[reason] = self.guard_rejections.get(reason, 0) + 1
         return found
+
+    async def _judged(self, keys: CacheKeys, question: str, vector: np.ndarray,
+                      now: float) -> SemanticMatch | SemanticMiss:
+        settings = self.settings
+        candidates = self.index.candidates(keys.semantic_namespace, vector,
+                                           settings.candidate_floor, settings.max_candidates, now)
+        if not candidates:
+            return SemanticMiss(-1.0, None)
+        scores = await self._scores(question, [c.item.question for c in candidates])
+        if scores is None:
+            return SemanticMiss(candidates[0].score, None)
+        found = choose(candidates, scores.tolist(), settings.pair_threshold)
+        if isinstance(found, SemanticMatch):
+            self.index.used(found)
+        return found
+
+    async def _scores(self, question: str, cached: list[str]) -> np.ndarray | None:
+        """The judge's scores, or None (no judge, busy, slow: a miss)."""
+        if self.judge is None:
+            return None
+        with anyio.move_on_after(self.settings.embed_timeout_s):
+            try:
+                return await self.judge.judge(question, cached)
+            except EmbedderBusy:
+                return None
+        return None
 
     async def add(self, keys: CacheKeys, vector: np.ndarray, entry: CacheEntry, now: float) -> None:
         assert keys.question is not None

@@ -8,6 +8,7 @@ many generations the worker ran.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -117,23 +118,30 @@ async def test_a_joined_stream_runs_on_when_the_first_client_leaves() -> None:
 
 
 class TableEmbedder:
-    """Vectors by question: paraphrases share one, everything else is orthogonal."""
+    """Vectors by question: near questions share one, everything else is
+    orthogonal; the pair judge says "the same" only of the ``same`` couples."""
 
     dim = 8
 
-    def __init__(self, groups: list[list[str]]) -> None:
+    def __init__(self, groups: list[list[str]], same: list[tuple[str, str]]) -> None:
         self.table = {q: np.eye(self.dim, dtype=np.float32)[i]
                       for i, group in enumerate(groups) for q in group}
+        self.same = {frozenset(couple) for couple in same}
 
     async def embed(self, text: str) -> np.ndarray:
         return self.table.get(text, np.eye(self.dim, dtype=np.float32)[-1])
+
+    async def judge(self, question: str, cached: Sequence[str]) -> np.ndarray:
+        return np.array([float(frozenset((question, c)) in self.same) for c in cached],
+                        dtype=np.float32)
 
 
 async def test_a_paraphrase_is_a_semantic_hit_and_a_changed_number_is_not() -> None:
     asked = "How far is 5 km in miles?"
     paraphrase = "How many miles is 5 km?"
     changed = "How far is 50 km in miles?"
-    embedder = TableEmbedder([[asked, paraphrase, changed]])
+    # All three are one vector apart from nothing: only the judge tells them apart.
+    embedder = TableEmbedder([[asked, paraphrase, changed]], same=[(asked, paraphrase)])
     async with gateway(Behaviour(tokens=TOKENS),
                        cache={"enabled": True, "semantic": {"enabled": True}},
                        embedder=embedder) as gw:

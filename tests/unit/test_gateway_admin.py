@@ -32,10 +32,11 @@ def answer(text: str) -> CacheEntry:
     return CacheEntry(text, "stop", 5, 3, "smollm2-135m-instruct", 1)
 
 
-async def seeded() -> ResponseCache:
+async def seeded(judge: str = "pair_model") -> ResponseCache:
     # The semantic part on (it ships off): a purge must empty it too, and its
-    # guards' counters are among the metrics.
-    cache = ResponseCache(shipped_policy(SEMANTIC_ON), embedder=WordsEmbedder())
+    # refusals' counters are among the metrics.
+    policy = shipped_policy({**SEMANTIC_ON, "semantic": {"enabled": True, "judge": judge}})
+    cache = ResponseCache(policy, embedder=WordsEmbedder())
     for tenant in ("alice", "bob"):
         await cache.store(tenant, None, chat("Where do wrens nest?"), answer("In hedges."))
     return cache
@@ -96,7 +97,7 @@ async def test_the_stats_say_the_semantic_cache_is_off_as_shipped() -> None:
 
 
 async def test_the_cache_counters_are_on_the_gateway_metrics() -> None:
-    cache = await seeded()
+    cache = await seeded(judge="cosine")  # the guards' reasons (the pair model's: its own tests)
     walk = "please tell me how far the walk along the old green hedge is, {} km in miles"
     await cache.store("alice", None, chat(walk.format(5)), answer("About 3 miles."))
     assert await cache.lookup("alice", None, chat(walk.format(50))) is None  # number guard

@@ -1,0 +1,52 @@
+"""The pair model's training data: mined negatives and the export's identity
+(no torch: the training itself runs in `hedgerow cache export-model`, and the
+exported model is measured in tests/bench/test_pair_judge_accuracy.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from gateway.cache import pair_export
+from gateway.cache.pair_export import LabelledPair, Recipe, mined_negatives, training_sha256
+
+
+def unit(*values: float) -> np.ndarray:
+    vector = np.array(values, dtype=np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def test_each_question_gets_its_nearest_unlinked_neighbour_as_a_negative() -> None:
+    pairs = [LabelledPair("how do i bake bread", "bread baking steps", 1),
+             LabelledPair("how do i bake cake", "how do i bake pie", 0)]
+    vectors = {  # bread's paraphrase is nearest to it (0.99), then cake (0.6)
+        "how do i bake bread": unit(1, 0, 0),
+        "bread baking steps": unit(0.99, 0.14, 0),
+        "how do i bake cake": unit(0.6, 0.8, 0),  # nearest to it: the steps (0.70)
+        "how do i bake pie": unit(0, 0.8, 0.6),  # nearest to it: cake (0.64)
+    }
+    found = mined_negatives(pairs, vectors, Recipe())
+    assert all(m.label == 0 for m in found)
+    # Never the labelled paraphrase; each question's nearest other, once per couple.
+    assert {frozenset((m.a, m.b)) for m in found} == {
+        frozenset(("how do i bake bread", "how do i bake cake")),
+        frozenset(("bread baking steps", "how do i bake cake")),
+        frozenset(("how do i bake cake", "how do i bake pie"))} and len(found) == 3
+
+
+def test_neighbours_beyond_the_floor_or_the_ceiling_are_not_mined() -> None:
+    pairs = [LabelledPair("a", "b", 0)]
+    far = {"a": unit(1, 0), "b": unit(0, 1)}  # cosine 0: an unrelated question
+    assert mined_negatives(pairs, far, Recipe(mined_floor=0.3)) == []
+    twins = {"a": unit(1, 0), "b": unit(1, 0.01)}  # cosine ~1: likely an unlabelled paraphrase
+    assert mined_negatives(pairs, twins, Recipe(mined_ceiling=0.85)) == []
+
+
+def test_the_export_is_named_by_its_training_pairs(tmp_path: Path) -> None:
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    one.write_text('{"a": "x", "b": "y", "label": 1}\n')
+    two.write_text('{"a": "x", "b": "y", "label": 0}\n')
+    assert training_sha256([one]) != training_sha256([two])
+    assert all(path.is_file() for path in pair_export.training_files())
+    assert len(pair_export.read_pairs(pair_export.training_files())) >= 2000
