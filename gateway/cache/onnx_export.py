@@ -97,20 +97,30 @@ def export_model(*, force: bool = False, model_dir: Path | None = None,
     if not force and is_current(target, sha256):
         return target, False
     log.info("exporting the embedding model to ONNX: %s", target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        partial.mkdir()
+
+    def write(partial: Path) -> None:
         torch_version = export_graph(model_dir, partial / GRAPH)
         shutil.copyfile(model_dir / TOKENIZER, partial / TOKENIZER)
         manifest = {"model": MODEL_PACKAGE, "weights_sha256": sha256, "opset": OPSET,
                     "max_tokens": max_tokens(model_dir), "torch": torch_version}
         (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+    publish_export(target, write)
+    return target, True
+
+
+def publish_export(target: Path, write: Callable[[Path], None]) -> None:
+    """Make an export with ``write(directory)`` beside ``target``, then rename it into
+    place: a reader sees the old export or the new one, never half of one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        partial.mkdir()
+        write(partial)
         _replace_dir(partial, target)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return target, True
 
 
 def _replace_dir(new: Path, target: Path) -> None:

@@ -19,7 +19,7 @@ No weights are committed or downloaded: the result is a build output of the
 packaged weights, the training pairs and the recipe. ``pair.json`` names the
 three (sha256s and the recipe), so a later run is a no-op while they are the
 same. Training takes about twenty minutes on two cores; the directory is built
-beside its final place and renamed into it (``onnx_export._replace_dir``).
+beside its final place and renamed into it (``onnx_export.publish_export``).
 
 The sets it trains on are never the sets it is judged on: ``bench/data``
 keeps ``paraphrases_sealed2.jsonl`` (the development set the threshold was
@@ -49,9 +49,9 @@ from gateway.cache.keys import normalize_text
 from gateway.cache.onnx_export import (
     MISSING_EXTRA,
     MODEL_PACKAGE,
-    _replace_dir,
     export_bert,
     packaged_model_dir,
+    publish_export,
     weights_sha256,
 )
 from gateway.cache.onnx_minilm import OPSET, TOKENIZER
@@ -259,20 +259,16 @@ def export_pair_model(*, force: bool = False, model_dir: Path | None = None,
     mined = mined_negatives(labelled, embed_texts(labelled), recipe)
     pairs = labelled + mined
     model, _ = train(pairs, recipe, model_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        partial.mkdir()
+
+    def write(partial: Path) -> None:
         torch_version = export_graph(model, partial / GRAPH)
         shutil.copyfile(model_dir / TOKENIZER, partial / TOKENIZER)
         manifest = {"model": MODEL_PACKAGE, **identity, "training_sets": list(TRAINING_SETS),
                     "training_pairs": len(labelled), "mined_negatives": len(mined),
                     "opset": OPSET, "torch": torch_version}
         (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _replace_dir(partial, target)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+
+    publish_export(target, write)
     return target, True
 
 
