@@ -76,10 +76,6 @@ class OnnxPairModel:
         flat: np.ndarray = np.asarray(logits, dtype=np.float64).reshape(-1)
         return np.asarray(1.0 / (1.0 + np.exp(-flat)), dtype=np.float32)
 
-    def scores(self, question: str, cached: Sequence[str]) -> np.ndarray:
-        """One score per cached question: the lower of both orders' probabilities."""
-        return judge_many(self, [(question, c) for c in cached])
-
 
 def judge_many(model: OnnxPairModel, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
     """Scores of many (new, cached) pairs in one model call (both orders)."""

@@ -193,10 +193,12 @@ class NamespaceIndex:
             found.append(SemanticMatch(item, score))
         return found
 
-    def used(self, item: SemanticItem) -> None:
-        """A hit: the entry is the most recently used."""
-        if item.item_id in self.items:
-            self.items.move_to_end(item.item_id)
+    def used(self, item: SemanticItem) -> bool:
+        """A hit: the entry is the most recently used. False when it is gone."""
+        if item.item_id not in self.items:
+            return False
+        self.items.move_to_end(item.item_id)
+        return True
 
     def search(self, vector: np.ndarray, threshold: float, question: guards.Facts,
                now: float) -> SemanticMatch | SemanticMiss:
@@ -276,10 +278,10 @@ class SemanticIndex:
         self._namespaces.move_to_end(namespace)
         return [c for c in space.nearest(vector, now) if c.score >= floor][:limit]
 
-    def used(self, match: SemanticMatch) -> None:
+    def used(self, match: SemanticMatch) -> bool:
+        """``match`` is served: most recently used. False when it left the index meanwhile."""
         space = self._namespaces.get(match.item.namespace)
-        if space is not None:
-            space.used(match.item)
+        return space is not None and space.used(match.item)
 
     def purge(self, what: Purge) -> int:
         removed = 0

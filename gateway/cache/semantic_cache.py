@@ -160,25 +160,28 @@ class SemanticCache:
             found = self.index.search(keys.semantic_namespace, vector, settings.threshold,
                                       keys.question, now)
         else:
-            found = await self._judged(keys, keys.question, vector, now)
+            found = await self._judged(keys, vector, now)
         if isinstance(found, SemanticMiss) and found.rejected_by:
             reason = found.rejected_by
             self.guard_rejections[reason] = self.guard_rejections.get(reason, 0) + 1
         return found
 
-    async def _judged(self, keys: CacheKeys, question: str, vector: np.ndarray,
+    async def _judged(self, keys: CacheKeys, vector: np.ndarray,
                       now: float) -> SemanticMatch | SemanticMiss:
+        assert keys.question is not None
         settings = self.settings
         candidates = self.index.candidates(keys.semantic_namespace, vector,
                                            settings.candidate_floor, settings.max_candidates, now)
         if not candidates:
             return SemanticMiss(-1.0, None)
-        scores = await self._scores(question, [c.item.question for c in candidates])
+        scores = await self._scores(keys.question, [c.item.question for c in candidates])
         if scores is None:
             return SemanticMiss(candidates[0].score, None)
         found = choose(candidates, scores.tolist(), settings.pair_threshold)
-        if isinstance(found, SemanticMatch):
-            self.index.used(found)
+        if isinstance(found, SemanticMatch) and not self.index.used(found):
+            # Purged or evicted while the judge read it: a purge that has returned
+            # must not be followed by its answer.
+            return SemanticMiss(candidates[0].score, None)
         return found
 
     async def _scores(self, question: str, cached: list[str]) -> np.ndarray | None:

@@ -34,7 +34,7 @@ from gateway.cache.semantic import (
     choose,
 )
 from gateway.cache.semantic_cache import SemanticCache, SemanticSettings
-from gateway.cache.store import Guarded, RedisCircuit
+from gateway.cache.store import Guarded, Purge, RedisCircuit
 from hedgerow.actors import RestartPolicy
 from tests.support.cache_fakes import bag_of_words
 
@@ -236,3 +236,17 @@ async def test_a_sidecar_without_a_pair_model_still_embeds_and_every_judgement_m
         assert sidecar.ready  # a failed judgement is a miss, not a broken sidecar
         tg.cancel_scope.cancel()
     assert sidecar.judge_failures == 1
+
+
+async def test_an_answer_purged_while_the_judge_reads_it_is_not_served() -> None:
+    idx = index("can dogs eat cat food")
+
+    class PurgingJudge(ScriptedJudge):
+        async def judge(self, question: str, cached: Sequence[str]) -> np.ndarray:
+            idx.purge(Purge(tenant="a"))  # an operator's purge lands mid-judgement
+            return await super().judge(question, cached)
+
+    cache = semantic(idx, PurgingJudge({"can dogs eat cat food": 1.0}))
+    question = "is cat food ok for dogs to eat"
+    found = await cache.find(keys(question), bag_of_words(question), now=1)
+    assert isinstance(found, SemanticMiss)
