@@ -87,13 +87,14 @@ FRESH_PATH = TRAINING_DIR / "paraphrases_fresh.jsonl"
 SEALED_PATH = TRAINING_DIR / "paraphrases_sealed.jsonl"
 SEALED2_PATH = DATA / "paraphrases_sealed2.jsonl"
 SEALED3_PATH = DATA / "paraphrases_sealed3.jsonl"
+SEALED4_PATH = DATA / "paraphrases_sealed4.jsonl"
 TOPIC_SHIFT_PATH = DATA / "pairs_topic_shift.jsonl"
 PAIRS_TRAIN_PATH = TRAINING_DIR / "pairs_train.jsonl"
 SETS = {"first": PAIRS_PATH, "holdout": HOLDOUT_PATH, "fresh": FRESH_PATH,
         "sealed": SEALED_PATH, "pairs_train": PAIRS_TRAIN_PATH, "sealed2": SEALED2_PATH,
-        "sealed3": SEALED3_PATH, "topic_shift": TOPIC_SHIFT_PATH}
+        "sealed3": SEALED3_PATH, "sealed4": SEALED4_PATH, "topic_shift": TOPIC_SHIFT_PATH}
 # Their false hits are never printed: counts only. sealed3 was used for no choice.
-UNREAD = ("sealed2", "sealed3", "topic_shift")
+UNREAD = ("sealed2", "sealed3", "sealed4", "topic_shift")
 CURVE = tuple(round(0.60 + 0.02 * i, 2) for i in range(19))  # 0.60 .. 0.96
 BASELINE = "plain MiniLM cosine (all-MiniLM-L6-v2), no guards, same threshold"
 

@@ -31,6 +31,7 @@ difference between the two sides.
 from __future__ import annotations
 
 import itertools
+import os
 import json
 import sys
 import time
@@ -190,7 +191,7 @@ async def measure(total: int, streams: int, tokens: int = 3, app: bool = False,
                 import pstats
 
                 profiler.disable()
-                pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+                pstats.Stats(profiler, stream=sys.stderr).sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("PROFILE_TOP", "25")))
     finally:  # (leaving the supervisor stopped the clock task)
         await client.aclose()
     done = (total // streams) * streams

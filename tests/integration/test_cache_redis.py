@@ -31,7 +31,7 @@ models: [{name: m}, {name: n}]
 cache:
   redis_timeout_ms: 100
   redis_retry_after_s: 0.2
-  semantic: {enabled: true, threshold: 0.8}
+  semantic: {enabled: true, pair_threshold: 0.8}  # the bag-of-words twin judges: its scale
 """)
 ANSWER = CacheEntry("About 3.1 miles.", "stop", 12, 5, "m", 1)
 

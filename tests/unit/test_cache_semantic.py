@@ -157,12 +157,15 @@ async def test_the_real_model_serves_a_paraphrase_and_refuses_near_misses() -> N
         await tg.start(cache.run)
         assert await cache.ready(120)
         assert await cache.store("a", None, chat("How far is 5 km in miles?"), answer)
-        hit = await cache.lookup("a", None, chat("How many miles is 5 km?"), {})
+        # Scores 0.99 (the shipped threshold is 0.98); "How many miles is 5 km?"
+        # scores 0.95 and misses: at a threshold set for precision, some
+        # rewordings are not found (docs/benchmarks.md).
+        hit = await cache.lookup("a", None, chat("5 km to miles?"), {})
         assert hit is not None and hit.kind == "semantic" and hit.entry == answer
         assert hit.score >= POLICY.cache.semantic.pair_threshold  # the pair model's score
         assert await cache.lookup("a", None, chat("How far is 50 km in miles?"), {}) is None
         assert await cache.lookup("a", None, chat("How far is 5 km not in miles?"), {}) is None
-        assert await cache.lookup("b", None, chat("How many miles is 5 km?"), {}) is None
+        assert await cache.lookup("b", None, chat("5 km to miles?"), {}) is None
         exact = await cache.lookup("a", "m", chat("How far is 5 km in miles?"), {})
         assert exact is not None and exact.kind == "exact"
         tg.cancel_scope.cancel()
@@ -206,8 +209,20 @@ async def test_lookup_bypass_and_uncacheable_requests() -> None:
     assert cache.stats()["bypass"] == 2
 
 
+# The real pair model's scores sit near 0 or 1; the bag-of-words twin's
+# (``WordsEmbedder.judge``) are cosines: tests of the machinery around the
+# judge hold it to a threshold on its own scale.
+TWIN_POLICY = parse_policy_document("""
+anonymous_tenant: a
+classes: [{name: interactive, ttft_slo_ms: 1000, deadline_ms: 10000}]
+tenants: [{name: a, class: interactive}]
+models: [{name: m}]
+cache: {semantic: {enabled: true, pair_threshold: 0.8}}
+""")
+
+
 async def test_the_cache_runs_under_the_supervisor() -> None:
-    cache = ResponseCache(POLICY, embedder=WordsEmbedder())
+    cache = ResponseCache(TWIN_POLICY, embedder=WordsEmbedder())
     async with Supervisor() as supervisor:
         cache.start(supervisor)
         await cache.store("a", None, chat("what is a prime number"), CacheEntry("x", "stop", 1, 1, "m", 1))
@@ -226,7 +241,7 @@ async def test_the_cache_runs_under_the_supervisor() -> None:
 async def test_a_large_namespace_is_rebuilt_as_hnsw_off_the_event_loop() -> None:
     policy = parse_policy_document(
         "models: [{name: m}]\n"
-        "cache: {semantic: {enabled: true, hnsw_above: 20, threshold: 0.8}}\n")
+        "cache: {semantic: {enabled: true, hnsw_above: 20, pair_threshold: 0.8}}\n")
     cache = ResponseCache(policy, embedder=WordsEmbedder())
     async with anyio.create_task_group() as tg:
         await tg.start(cache.run)
