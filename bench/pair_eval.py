@@ -45,6 +45,7 @@ import argparse
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,9 +111,14 @@ def evaluate(pairs: Sequence[Pair], embedder: Any, model: OnnxPairModel,
     guards_pass = np.array([s.guard is None for s in scored])
     judged = judge_pairs(model, pairs)
     candidate = cosine >= settings.candidate_floor
+    shipped = candidate & (judged >= settings.pair_threshold)
+    by_kind = Counter(p.kind for p, hit in zip(pairs, shipped.tolist()) if hit and p.label == 0)
     return {
         "pairs": len(pairs), "paraphrases": int((labels == 1).sum()),
-        "shipped": counts(candidate & (judged >= settings.pair_threshold), labels),
+        "shipped": counts(shipped, labels),
+        # Counts only: which negative kinds the shipped judge still lets through.
+        "false_hits_by_kind": dict(by_kind.most_common()),
+        "paraphrase_score_median": round(float(np.median(judged[labels == 1])), 3),
         "judge_alone": counts(judged >= settings.pair_threshold, labels),
         "curve": [{"threshold": t, **counts(candidate & (judged >= t), labels)}
                   for t in THRESHOLDS],

@@ -351,10 +351,10 @@ class SemanticCache(_Strict):
     # The pair model's score (0..1, the lower of both orders) a hit needs.
     # A wrong hit serves another question's answer; a miss costs one
     # generation: 0.98 is the lowest threshold at which the development set
-    # (sealed3) reaches a precision of 0.98, chosen by a rule fixed before
-    # the figures (docs/benchmarks.md, "A threshold for precision"); 0.5, the
-    # model's decision boundary, finds more paraphrases and serves about one
-    # wrong answer in 18 hits.
+    # (sealed3) reaches a precision of 0.98 (docs/benchmarks.md, "A threshold
+    # for precision"). On the set used for no choice (sealed4) about one hit
+    # in 15 is still wrong at 0.98 and it finds 3 paraphrases in 10; 0.5, the
+    # model's own boundary, finds 6 in 10 and one hit in 13 is wrong.
     pair_threshold: float = Field(0.98, gt=0, lt=1)
     # How many nearest cached questions the pair model reads, and the cosine a
     # cached question needs to be one of them (a bound on the model's work; at
