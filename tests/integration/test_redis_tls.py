@@ -53,7 +53,7 @@ tenants:
 models: [{name: m}]
 cache:
   redis_timeout_ms: 1000
-  semantic: {enabled: true, threshold: 0.8}
+  semantic: {enabled: true, pair_threshold: 0.8}  # the bag-of-words twin judges: its scale
 """)
 ANSWER = CacheEntry("About 3.1 miles.", "stop", 12, 5, "m", 1)
 
