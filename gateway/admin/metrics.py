@@ -32,7 +32,7 @@ they happen (sans-IO: it only does arithmetic and ``observe``):
   health: ``hedgerow_cache_embedder_ready``,
   ``hedgerow_cache_embedder_starts_total`` and
   ``hedgerow_cache_embeds_failed_total{reason}`` (refused, lost) and
-  ``hedgerow_cache_judgements_failed_total`` (no pair model), exported only
+  ``hedgerow_cache_judgements_failed_total`` (answered FAILED: no pair model), exported only
   while the policy turns the semantic cache on.
 - From ``ConnectionCap.stats()`` at scrape time (``watch_connections``):
   ``hedgerow_connections_open`` (TCP and QUIC connections open now,
@@ -535,8 +535,9 @@ def _embedder_families(embedder: Mapping[str, int]) -> list[Metric]:
                  "died while they waited).", "reason",
                  {"refused": embedder.get("refused", 0), "lost": embedder.get("lost", 0)}),
         _counter("hedgerow_cache_judgements_failed_total", "Semantic lookups whose candidates "
-                 "the pair model did not judge (each a miss): above all, a sidecar without "
-                 "the pair model (run `hedgerow cache export-model`).", None,
+                 "the sidecar answered it could not judge (each a miss): above all, a sidecar "
+                 "without the pair model (run `hedgerow cache export-model`). Judgements "
+                 "refused or lost count in hedgerow_cache_embeds_failed_total.", None,
                  {"": embedder.get("judge_failures", 0)}),
     ]
 

@@ -11,8 +11,8 @@ GIL (docs/reliability.md).
 
 Failure is a cache miss, never a failed request: ``embed`` and ``judge``
 raise ``EmbedderBusy`` at once when the sidecar is not ready or
-``max_pending`` requests already wait (and ``judge`` when the sidecar has no
-pair model: ``judge_failures`` counts them); if the child dies or the socket breaks, every pending
+``max_pending`` requests already wait (and ``judge`` when the sidecar answers
+FAILED, having no pair model: ``judge_failures`` counts only those); if the child dies or the socket breaks, every pending
 embed fails with ``EmbedderBusy``, ``ready`` goes False and the child is
 started again after a backoff (``RestartTracker``; the reason is logged).
 Too many deaths in a row, or a model that cannot be loaded at all, turn the
@@ -74,6 +74,7 @@ class _Waiter:
     done: anyio.Event = field(default_factory=anyio.Event)
     values: np.ndarray | None = None
     error: str = "embedding failed"
+    answered_failed: bool = False  # the sidecar itself said FAILED (not refused, not lost)
 
 
 class _ChildLost(Exception):
@@ -118,7 +119,9 @@ class SidecarEmbedder:
         self.refused = 0
         self.lost = 0  # embeds failed because the child died or the socket broke
         self.judged = 0
-        self.judge_failures = 0  # judgements the sidecar answered FAILED (no pair model)
+        # Judgements the sidecar answered FAILED (no pair model, or it failed on the
+        # batch); refusals and losses are counted in ``refused`` and ``lost`` only.
+        self.judge_failures = 0
         self.largest_batch = 0  # the most texts the sidecar encoded in one model call
         self._pending: dict[int, _Waiter] = {}
         self._ids = itertools.count(1)
@@ -133,16 +136,16 @@ class SidecarEmbedder:
 
     async def judge(self, question: str, cached: Sequence[str]) -> np.ndarray:
         """How surely each cached question asks what ``question`` asks (0..1)."""
-        try:
-            scores = await self._ask(lambda request_id: judge_frame(request_id, question, cached),
-                                     len(cached))
-        except EmbedderBusy:
-            self.judge_failures += 1
-            raise
+        scores = await self._ask(lambda request_id: judge_frame(request_id, question, cached),
+                                 len(cached), on_failed=self._judge_failed)
         self.judged += 1
         return scores
 
-    async def _ask(self, frame: Callable[[int], bytes], floats: int) -> np.ndarray:
+    def _judge_failed(self) -> None:
+        self.judge_failures += 1
+
+    async def _ask(self, frame: Callable[[int], bytes], floats: int,
+                   on_failed: Callable[[], None] | None = None) -> np.ndarray:
         outbox = self._outbox
         if not self.ready or outbox is None:
             self._refuse("embedding sidecar not ready")
@@ -158,6 +161,8 @@ class SidecarEmbedder:
         finally:
             self._pending.pop(request_id, None)  # also when cancelled: a late answer is dropped
         if waiter.values is None:
+            if waiter.answered_failed and on_failed is not None:
+                on_failed()
             raise EmbedderBusy(waiter.error)
         return waiter.values
 
@@ -276,6 +281,7 @@ class SidecarEmbedder:
                 self.largest_batch = max(self.largest_batch, response.batch)
             else:
                 waiter.error = response.payload.decode("utf-8", errors="replace")
+                waiter.answered_failed = True
             waiter.done.set()
 
     def _disconnected(self) -> None:

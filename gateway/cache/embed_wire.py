@@ -12,7 +12,7 @@
 
 Requests carry an id so that one connection multiplexes concurrent requests
 and answers may come back in any order; the asker knows what it asked, so a
-response's payload is checked against that (``vector_of``, ``scores_of``). A
+response's payload is checked against that (``floats_of``). A
 response says how many requests its batch held, so the client can see how well
 load is batched. Sizes are bounded on both sides: a frame over its bound is a
 protocol error and closes the connection.

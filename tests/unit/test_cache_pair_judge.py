@@ -238,6 +238,15 @@ async def test_a_sidecar_without_a_pair_model_still_embeds_and_every_judgement_m
     assert sidecar.judge_failures == 1
 
 
+async def test_a_judgement_refused_before_the_sidecar_is_ready_is_not_a_missing_pair_model() -> None:
+    """Only the sidecar's own FAILED answers feed hedgerow_cache_judgements_failed_total
+    (and its alert); a refusal under load or at start counts as refused."""
+    sidecar = _sidecar("ok")
+    with pytest.raises(EmbedderBusy, match="not ready"):
+        await sidecar.judge("how do i bake bread", ["how do i bake bread"])
+    assert (sidecar.refused, sidecar.judge_failures) == (1, 0)
+
+
 async def test_an_answer_purged_while_the_judge_reads_it_is_not_served() -> None:
     idx = index("can dogs eat cat food")
 
