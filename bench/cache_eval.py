@@ -86,14 +86,17 @@ PAIRS_PATH = TRAINING_DIR / "paraphrases_first.jsonl"
 HOLDOUT_PATH = TRAINING_DIR / "paraphrases_holdout.jsonl"
 FRESH_PATH = TRAINING_DIR / "paraphrases_fresh.jsonl"
 SEALED_PATH = TRAINING_DIR / "paraphrases_sealed.jsonl"
-SEALED2_PATH = DATA / "paraphrases_sealed2.jsonl"
-SEALED3_PATH = DATA / "paraphrases_sealed3.jsonl"
+SEALED2_PATH = TRAINING_DIR / "paraphrases_sealed2.jsonl"
+SEALED3_PATH = TRAINING_DIR / "paraphrases_sealed3.jsonl"
+FAR_TRAIN_PATH = TRAINING_DIR / "pairs_far_train.jsonl"
 SEALED4_PATH = DATA / "paraphrases_sealed4.jsonl"
+SEALED5_PATH = DATA / "paraphrases_sealed5.jsonl"
 TOPIC_SHIFT_PATH = DATA / "pairs_topic_shift.jsonl"
 PAIRS_TRAIN_PATH = TRAINING_DIR / "pairs_train.jsonl"
 SETS = {"first": PAIRS_PATH, "holdout": HOLDOUT_PATH, "fresh": FRESH_PATH,
         "sealed": SEALED_PATH, "pairs_train": PAIRS_TRAIN_PATH, "sealed2": SEALED2_PATH,
-        "sealed3": SEALED3_PATH, "sealed4": SEALED4_PATH, "topic_shift": TOPIC_SHIFT_PATH}
+        "sealed3": SEALED3_PATH, "far_train": FAR_TRAIN_PATH, "sealed4": SEALED4_PATH,
+        "sealed5": SEALED5_PATH, "topic_shift": TOPIC_SHIFT_PATH}
 # Their false hits are never printed: counts only. sealed4 was used for no choice.
 UNREAD = ("sealed2", "sealed3", "sealed4", "topic_shift")
 CURVE = tuple(round(0.60 + 0.02 * i, 2) for i in range(19))  # 0.60 .. 0.96

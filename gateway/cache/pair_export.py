@@ -70,7 +70,8 @@ log = logging.getLogger("hedgerow.cache")
 
 TRAINING_DIR = Path(__file__).with_name("training")
 TRAINING_SETS = ("paraphrases_first.jsonl", "paraphrases_holdout.jsonl",
-                 "paraphrases_fresh.jsonl", "paraphrases_sealed.jsonl", "pairs_train.jsonl")
+                 "paraphrases_fresh.jsonl", "paraphrases_sealed.jsonl", "pairs_train.jsonl",
+                 "paraphrases_sealed2.jsonl", "paraphrases_sealed3.jsonl", "pairs_far_train.jsonl")
 
 
 @dataclass(frozen=True)
