@@ -300,17 +300,32 @@ class ChunkedBody:
             if end < 0:
                 self._check_partial_line(len(buffer) - pos)
                 break
-            self._line(bytes(buffer[pos:end]))
+            if self._phase == _TRAILER:
+                self._line(bytes(buffer[pos:end]))
+                pos = end + 2
+                continue
+            if end - pos > MAX_CHUNK_LINE_BYTES:  # a line that arrived whole is bounded too
+                raise ProtocolError("chunk-size line too long")
+            size = _chunk_size(bytes(buffer[pos:end]))
             pos = end + 2
+            stop = pos + size
+            if size and stop + 2 <= len(buffer):
+                # The whole chunk and the CRLF after it are here (a worker's token
+                # event in one read): taken in one step, its CRLF checked as when it
+                # comes in a later read.
+                if buffer[stop:stop + 2] != _CRLF:
+                    raise ProtocolError("chunk data longer than its declared size")
+                pieces.append(buffer[pos:stop])
+                pos = stop + 2
+            else:
+                self._remaining = size
+                self._phase = _DATA if size else _TRAILER
         del buffer[:pos]
         return b"".join(pieces)
 
     def _line(self, line: bytes) -> None:
-        if self._phase == _SIZE:
-            self._check_partial_line(len(line))  # a line that arrived whole is bounded too
-            self._remaining = _chunk_size(line)
-            self._phase = _DATA if self._remaining else _TRAILER
-        elif not line:
+        """A trailer line, or the empty line that ends the body."""
+        if not line:
             self.done = True
         else:
             self._trailer_bytes += len(line) + 2

@@ -406,6 +406,26 @@ def test_chunk_data_must_be_followed_by_crlf_at_once() -> None:
         body.decode(bytearray(b"3\r\nabcX"))  # h11 0.16 refuses here too (CVE-2025-43859)
 
 
+@pytest.mark.parametrize("wire", [b"3\r\nabcXY", b"3\r\nabcX\r\n", b"3\r\nabc\r\n3\r\ndefXY0\r\n\r\n"])
+def test_a_whole_chunk_in_one_read_is_checked_for_its_crlf_too(wire: bytes) -> None:
+    """The chunk and the two bytes after it arrive together (the path a worker's
+    token event takes): the two bytes must be CRLF as when they arrive later."""
+    with pytest.raises(ProtocolError):
+        ChunkedBody().decode(bytearray(wire))
+
+
+def test_whole_chunks_in_one_read_are_read_as_when_cut() -> None:
+    wire = b"3\r\nabc\r\n1\r\nd\r\n0\r\n\r\n"
+    whole = ChunkedBody()
+    assert whole.decode(bytearray(wire)) == b"abcd" and whole.done
+    for cut in range(len(wire)):
+        cut_body = ChunkedBody()
+        first = bytearray(wire[:cut])
+        data = cut_body.decode(first)
+        rest = first + wire[cut:]
+        assert data + cut_body.decode(rest) == b"abcd" and cut_body.done
+
+
 def test_a_worker_that_ends_lines_with_bare_lf_is_refused_at_once() -> None:
     """Its head would never end: refused on the first line, not after a timeout."""
     with pytest.raises(ProtocolError):
