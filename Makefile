@@ -64,7 +64,7 @@ $(STAMP): pyproject.toml $(LOCK) $(MODEL_LOCK)
 	# Hedgerow itself, editable, with nothing beyond the lock.
 	$(PY) -m pip install --quiet --no-deps -e '.[dev]'
 	# The semantic cache's models as ONNX, once per machine (~/.cache/hedgerow/onnx; a
-	# no-op when there): MiniLM exported (~20 s) and the pair model trained (~20 min
+	# no-op when there): MiniLM exported (~20 s) and the pair model trained (~30 min
 	# on 2 cores). The only step that uses torch; the gateway runs both without it.
 	$(VENV)/bin/hedgerow cache export-model
 	touch $(STAMP)

@@ -18,14 +18,14 @@ the graph (logits out) that ``gateway.cache.pair_model`` runs without torch.
 No weights are committed or downloaded: the result is a build output of the
 packaged weights, the training pairs and the recipe. ``pair.json`` names the
 three (sha256s and the recipe), so a later run is a no-op while they are the
-same. Training takes about twenty minutes on two cores; the directory is built
+same. Training takes about thirty minutes on two cores; the directory is built
 beside its final place and renamed into it (``onnx_export.publish_export``).
 
 The sets it trains on are never the sets it is judged on: ``bench/data``
-keeps ``paraphrases_sealed2.jsonl`` and ``paraphrases_sealed3.jsonl`` (the
-development sets: the candidate floor and first threshold were chosen on the
-first, the shipped threshold on the second) and ``paraphrases_sealed4.jsonl``
-(never used for any choice).
+keeps ``paraphrases_sealed4.jsonl`` (the development set the shipped
+threshold was chosen on) and ``paraphrases_sealed5.jsonl`` (never used for
+any choice). The older sealed sets, looked at once each, are training data
+now, with ``pairs_far_train.jsonl`` (far rewordings, written for training).
 """
 
 from __future__ import annotations

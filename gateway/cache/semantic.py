@@ -23,6 +23,7 @@ Redis, HNSW builds on a thread) is in ``semantic_cache.py``.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,6 +79,31 @@ class SemanticMiss:
 
 
 JUDGE_REFUSED = "pair_model"
+
+
+_TRAILING = re.compile(r"[\s?.!]+$")
+_SPACES = re.compile(r"\s+")
+
+
+def wording(question: str) -> str:
+    """A question as a person's typing varies it without changing what it asks:
+    runs of whitespace, the sentence's first capital, the closing ``?``/``.``/``!``.
+    Every other character stays: case inside the text can be meaning ("50 MB/s"
+    vs "50 Mb/s")."""
+    text = _TRAILING.sub("", _SPACES.sub(" ", question).strip())
+    return text[:1].lower() + text[1:]
+
+
+def same_wording(candidates: Sequence[SemanticMatch], question: str) -> SemanticMatch | None:
+    """The candidate worded as ``question`` is, up to ``wording``, as a match of
+    score 1.0, without the pair model: the model, trained on pairs that change one
+    fact in otherwise identical words, scores such near-copies low (a question
+    without its ``?`` scored 0.005 against itself with it; docs/benchmarks.md)."""
+    asked = wording(question)
+    for candidate in candidates:
+        if wording(candidate.item.question) == asked:
+            return SemanticMatch(candidate.item, 1.0)
+    return None
 
 
 def choose(candidates: Sequence[SemanticMatch], scores: Sequence[float],

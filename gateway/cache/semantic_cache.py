@@ -40,6 +40,7 @@ from gateway.cache.semantic import (
     SemanticMiss,
     build_index,
     choose,
+    same_wording,
 )
 from gateway.cache.store import Guarded, Purge
 from policies.schema import SemanticCache as SemanticPolicy
@@ -174,10 +175,12 @@ class SemanticCache:
                                            settings.candidate_floor, settings.max_candidates, now)
         if not candidates:
             return SemanticMiss(-1.0, None)
-        scores = await self._scores(keys.question, [c.item.question for c in candidates])
-        if scores is None:
-            return SemanticMiss(candidates[0].score, None)
-        found = choose(candidates, scores.tolist(), settings.pair_threshold)
+        found: SemanticMatch | SemanticMiss | None = same_wording(candidates, keys.question)
+        if found is None:
+            scores = await self._scores(keys.question, [c.item.question for c in candidates])
+            if scores is None:
+                return SemanticMiss(candidates[0].score, None)
+            found = choose(candidates, scores.tolist(), settings.pair_threshold)
         if isinstance(found, SemanticMatch) and not self.index.used(found):
             # Purged or evicted while the judge read it: a purge that has returned
             # must not be followed by its answer.

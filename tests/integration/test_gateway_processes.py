@@ -181,7 +181,7 @@ def test_both_processes_share_one_embedding_sidecar_and_get_semantic_hits(
     for _ in range(60):
         if all(_cache_stats(stack, i)["semantic"] >= 1 for i in (0, 1)):
             break
-        assert _ask(stack, "5 km to miles?") == "semantic"
+        assert _ask(stack, "What's 5 km in miles?") == "semantic"
     else:
         pytest.fail("the paraphrase never reached both processes")
     assert _embed_servers_under(supervisor) == sidecars

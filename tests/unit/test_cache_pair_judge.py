@@ -32,6 +32,7 @@ from gateway.cache.semantic import (
     SemanticMatch,
     SemanticMiss,
     choose,
+    wording,
 )
 from gateway.cache.semantic_cache import SemanticCache, SemanticSettings
 from gateway.cache.store import Guarded, Purge, RedisCircuit
@@ -146,9 +147,42 @@ async def test_without_a_judge_answer_a_lookup_misses_and_never_falls_back_to_co
         judge: ScriptedJudge | None) -> None:
     idx = index("can dogs eat cat food")
     cache = semantic(idx, judge, embed_timeout_s=0.1)
-    question = "can dogs eat cat food"  # cosine 1.0: the cosine judge would hit
+    question = "cat food: can dogs eat it"  # the same words and one more: the cosine judge would hit
     found = await cache.find(keys(question), bag_of_words(question), now=1)
     assert isinstance(found, SemanticMiss) and found.rejected_by is None
+
+
+@pytest.mark.parametrize("judge", [ScriptedJudge({"How far is 5 km in miles?": 0.005}),
+                                   ScriptedJudge(error=True), None],
+                         ids=["judge says no", "judge failed", "no judge"])
+async def test_a_question_worded_as_a_cached_one_is_a_hit_without_the_judge(
+        judge: ScriptedJudge | None) -> None:
+    """Whitespace, the first capital and the closing mark are typing, not meaning:
+    the trained judge scores such near-copies low, so it is not asked."""
+    idx = index("How far is 5 km in miles?")
+    cache = semantic(idx, judge)
+    question = "how far is 5 km  in miles"
+    found = await cache.find(keys(question), bag_of_words(question), now=1)
+    assert isinstance(found, SemanticMatch) and found.score == 1.0
+    assert found.item.question == "How far is 5 km in miles?"
+    assert judge is None or judge.asked == []
+
+
+def test_case_inside_a_question_is_meaning_so_only_typing_is_ignored() -> None:
+    assert wording("  How far is 5 km in miles?! ") == wording("how far is 5 km in miles")
+    assert wording("my speed test says 50 MB/s") != wording("my speed test says 50 Mb/s")
+    assert wording("Is it 5 km?") == wording("is it 5 km.")
+    assert wording("is it 5 km") != wording("is it 50 km")
+
+
+async def test_a_case_difference_inside_the_question_still_goes_to_the_judge() -> None:
+    idx = index("my speed test says 50 MB/s is that good")
+    judge = ScriptedJudge({"my speed test says 50 MB/s is that good": 0.01})
+    cache = semantic(idx, judge, pair_threshold=0.5)
+    question = "My speed test says 50 Mb/s, is that good?"
+    found = await cache.find(keys(question), bag_of_words(question), now=1)
+    assert isinstance(found, SemanticMiss) and found.rejected_by == JUDGE_REFUSED
+    assert len(judge.asked) == 1
 
 
 async def test_the_cosine_judge_still_applies_threshold_and_guards() -> None:

@@ -157,17 +157,19 @@ async def test_the_real_model_serves_a_paraphrase_and_refuses_near_misses() -> N
         await tg.start(cache.run)
         assert await cache.ready(120)
         assert await cache.store("a", None, chat("How far is 5 km in miles?"), answer)
-        # Scores 0.99 (the shipped threshold is 0.98); "How many miles is 5 km?"
-        # scores 0.95 and misses: at a threshold set for precision, some
-        # rewordings are not found (docs/benchmarks.md). The training that makes
-        # the model is seeded and single-machine deterministic: a fresh VM
-        # reproduced every score of the evaluation sets to the fourth digit.
-        hit = await cache.lookup("a", None, chat("5 km to miles?"), {})
+        # Scores 0.70 (the shipped threshold is 0.5); many close rewordings score
+        # far lower ("How many miles is 5 km?" 0.009: a miss) and the same words
+        # without the "?" are not even asked (docs/benchmarks.md). The training
+        # that makes the model is seeded and single-machine deterministic: fresh
+        # VMs reproduced every score of the evaluation sets to the fourth digit.
+        hit = await cache.lookup("a", None, chat("What's 5 km in miles?"), {})
         assert hit is not None and hit.kind == "semantic" and hit.entry == answer
         assert hit.score >= POLICY.cache.semantic.pair_threshold  # the pair model's score
+        typed = await cache.lookup("a", None, chat("how far is 5 km in miles"), {})
+        assert typed is not None and typed.kind == "semantic" and typed.score == 1.0
         assert await cache.lookup("a", None, chat("How far is 50 km in miles?"), {}) is None
         assert await cache.lookup("a", None, chat("How far is 5 km not in miles?"), {}) is None
-        assert await cache.lookup("b", None, chat("5 km to miles?"), {}) is None
+        assert await cache.lookup("b", None, chat("What's 5 km in miles?"), {}) is None
         exact = await cache.lookup("a", "m", chat("How far is 5 km in miles?"), {})
         assert exact is not None and exact.kind == "exact"
         tg.cancel_scope.cancel()
