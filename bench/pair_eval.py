@@ -56,7 +56,7 @@ from bench.cache_eval import SETS, Pair, load_pairs, score_pairs
 from gateway.cache.embedder import encode, load_minilm
 from gateway.cache.keys import normalize_text
 from gateway.cache.pair_model import OnnxPairModel, judge_many, load_pair_model
-from gateway.cache.semantic import wording
+from gateway.cache.semantic import typed_alike
 from policies.schema import SemanticCache, load_policy
 
 THRESHOLDS = (0.5, 0.8, 0.9, 0.93, 0.95, 0.96, 0.97, 0.975, 0.98, 0.985, 0.99, 0.993, 0.995)
@@ -76,7 +76,7 @@ def judge_pairs(model: OnnxPairModel, pairs: Sequence[Pair]) -> np.ndarray:
     """The judge's score of each pair: ``b`` the new question, ``a`` the cached one
     (1.0 without the model when they are worded the same, as the cache decides)."""
     scores = judge_many(model, [(p.b, p.a) for p in pairs])
-    same = np.array([wording(p.a) == wording(p.b) for p in pairs])
+    same = np.array([typed_alike(p.a, p.b) for p in pairs])
     return np.where(same, 1.0, scores)
 
 
@@ -101,7 +101,7 @@ def retrieval(pairs: Sequence[Pair], embedder: Any, model: OnnxPairModel,
         if not nearest:
             continue
         scores = judge_many(model, [(question, cached[j]) for j in nearest])
-        scores = np.where([wording(question) == wording(cached[j]) for j in nearest], 1.0, scores)
+        scores = np.where([typed_alike(question, cached[j]) for j in nearest], 1.0, scores)
         best = int(np.argmax(scores))
         if scores[best] >= settings.pair_threshold:
             hits += 1

@@ -1,11 +1,12 @@
 """How often the semantic judge recognises a question typed a little differently.
 
 Labelled sets reword; users also retype. This takes the cached side of a
-labelled set's pairs (300 questions) and makes variants that ask the same
-thing by construction -- all lower case without the closing mark, the first
-word followed by a comma, " please" added -- and reports the share the judge
+labelled set's pairs (300 questions) and makes variants a person would read
+as the same question -- all lower case without the closing mark (which can
+change meaning where case inside the text is meaning, "MB" vs "Mb": rare in
+these sets), the first word followed by a comma, " please" added -- and reports the share the judge
 as the cache runs it would hit at the shipped ``pair_threshold`` (the
-same-wording rule first, ``gateway.cache.semantic.wording``, then the pair
+same-wording rule first, ``gateway.cache.semantic.typing_key``, then the pair
 model), and the model's median score. Counts only.
 
     .venv/bin/python -m bench.typing_variants [--sets sealed4,first]
@@ -23,7 +24,7 @@ import orjson
 
 from bench.cache_eval import SETS, load_pairs
 from gateway.cache.pair_model import judge_many, load_pair_model
-from gateway.cache.semantic import wording
+from gateway.cache.semantic import typed_alike
 from policies.schema import load_policy
 
 VARIANTS: dict[str, Callable[[str], str]] = {
@@ -47,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for kind, vary in VARIANTS.items():
             pairs = [(vary(q), q) for q in questions]
             scores = judge_many(model, pairs)
-            same = np.array([wording(a) == wording(b) for a, b in pairs])
+            same = np.array([typed_alike(a, b) for a, b in pairs])
             hit = same | (scores >= threshold)
             results[name][kind] = {"questions": len(pairs), "found": round(float(hit.mean()), 3),
                                    "found_by_model_alone": round(float((scores >= threshold).mean()), 3),

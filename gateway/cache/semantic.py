@@ -13,7 +13,10 @@ every entry has a TTL. How a lookup decides depends on the policy's judge:
   together with it by the pair model (``gateway.cache.pair_model``, in the
   sidecar); ``choose`` takes the one it scores highest if that reaches
   ``pair_threshold``. The guards are not applied: on top of the pair model
-  they cost recall and bought no precision (docs/benchmarks.md).
+  they cost recall and bought no precision (docs/benchmarks.md). First, a
+  candidate typed as the question is (``typing_key``: whitespace, one closing
+  mark, the first capital) is the hit without the model, which scores such
+  near-copies low.
 - ``cosine``: a hit when a candidate's cosine reaches ``threshold`` AND the
   guards (``guards.compare``) agree (``search``).
 
@@ -81,27 +84,42 @@ class SemanticMiss:
 JUDGE_REFUSED = "pair_model"
 
 
-_TRAILING = re.compile(r"[\s?.!]+$")
 _SPACES = re.compile(r"\s+")
 
 
-def wording(question: str) -> str:
-    """A question as a person's typing varies it without changing what it asks:
-    runs of whitespace, the sentence's first capital, the closing ``?``/``.``/``!``.
-    Every other character stays: case inside the text can be meaning ("50 MB/s"
-    vs "50 Mb/s")."""
-    text = _TRAILING.sub("", _SPACES.sub(" ", question).strip())
-    return text[:1].lower() + text[1:]
+def typing_key(question: str) -> str | None:
+    """A question as typing varies it without changing what it asks: runs of
+    whitespace, one closing ``?`` or ``.`` after a letter, and the sentence's
+    first capital when a lower-case letter follows it ("How" / "how"). Nothing
+    else: case inside the text can be meaning ("50 MB/s" vs "50 Mb/s"), so can
+    a capital before a space or capital ("G" vs "g", "US" vs "uS"), a "!"
+    ("10!") and marks after a digit, space or mark ("cd .."). None when no
+    letter or digit is left to compare. Linear in the text (no backtracking
+    pattern: a question can be 256 KiB)."""
+    text = _SPACES.sub(" ", question).strip()
+    if len(text) >= 2 and text[-1] in "?." and text[-2].isalpha():
+        text = text[:-1]
+    if len(text) >= 2 and text[0].isupper() and text[1].islower():
+        text = text[0].lower() + text[1:]
+    return text if any(c.isalnum() for c in text) else None
+
+
+def typed_alike(one: str, other: str) -> bool:
+    key = typing_key(one)
+    return key is not None and key == typing_key(other)
 
 
 def same_wording(candidates: Sequence[SemanticMatch], question: str) -> SemanticMatch | None:
-    """The candidate worded as ``question`` is, up to ``wording``, as a match of
-    score 1.0, without the pair model: the model, trained on pairs that change one
-    fact in otherwise identical words, scores such near-copies low (a question
-    without its ``?`` scored 0.005 against itself with it; docs/benchmarks.md)."""
-    asked = wording(question)
+    """The candidate whose ``typing_key`` is the question's, as a match of score
+    1.0, without the pair model: the model, trained on pairs that change one fact
+    in otherwise identical words, scores such near-copies low (a question without
+    its "?" scored 0.005 against itself with it; docs/benchmarks.md). Such a hit
+    does not depend on ``pair_threshold``."""
+    asked = typing_key(question)
+    if asked is None:
+        return None
     for candidate in candidates:
-        if wording(candidate.item.question) == asked:
+        if typing_key(candidate.item.question) == asked:
             return SemanticMatch(candidate.item, 1.0)
     return None
 

@@ -1,6 +1,6 @@
 """The pair model's ONNX graph gives the scores torch gives, and the sidecar runs it.
 
-Training the shipped judge takes ~20 minutes (``hedgerow cache export-model``);
+Training the shipped judge takes ~30 minutes (``hedgerow cache export-model``);
 here a model trained for a few steps is enough to check the export itself:
 the graph, the tokenizer pairing and both orders agree with torch in a padded
 batch. (The first version exported the model in training mode: dropout on,
