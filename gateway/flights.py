@@ -9,6 +9,7 @@ abandonment: the log moves the generation's deadline as readers come and go
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -18,6 +19,7 @@ from gateway.app_state import AppState
 from gateway.cache.entry import entry_from_fold
 from gateway.corridor.drain import InFlight
 from gateway.corridor.generation import Generation
+from gateway.corridor.beside import join
 from gateway.admin.metrics import RequestMetrics
 from gateway.corridor.relay import ClientStalled, RelayOutcome, completion_body, follow_log
 from gateway.request_terms import (
@@ -35,6 +37,8 @@ from hedgerow.asgi import Request, SSE_HEADERS, cancel_on_disconnect, send_bytes
 from hedgerow.errors import UpstreamFailed
 
 log = logging.getLogger("hedgerow.gateway")
+
+GENERATION_TASK = "hedgerow.generation"  # the name of each streamed miss's one extra task
 
 
 class Flights(AppState):
@@ -81,18 +85,25 @@ class Flights(AppState):
         completed = False
         error: Exception | None = None
         # The generation's task beside this one (the client's reader, whose
-        # disconnect watcher is the only other task); the primary attempt runs in
-        # the generation's. No task watches for abandonment: the log moves the
-        # generation's deadline as readers come and go.
-        async with anyio.create_task_group() as tg:
+        # disconnect is a server callback, not a task); the primary attempt runs
+        # in the generation's. No task watches for abandonment: the log moves the
+        # generation's deadline as readers come and go. A plain task, not a task
+        # group (a quarter of the cost): ``join`` gives it the group's
+        # guarantees (``gateway.corridor.beside``).
+        generation_task = asyncio.get_running_loop().create_task(generate(), name=GENERATION_TASK)
+        try:
             with stream.reading():
                 stream.stop_when_abandoned(generating, grace_s)
-                tg.start_soon(generate)
                 try:
                     completed = await cancel_on_disconnect(
                         request, lambda: self._answer(request, wanted, flight))
-                except Exception as caught:  # re-raised as itself, outside the group
+                except Exception as caught:  # re-raised as itself, once the generation ended
                     error = caught
+        except BaseException:  # this request is being cancelled: its generation too
+            generating.cancel()
+            raise
+        finally:
+            await join(generation_task, generating)
         if error is not None:
             raise error
         return completed

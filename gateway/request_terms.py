@@ -10,10 +10,10 @@ keys, computed once and carried to the lookup, the flight and the store;
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import orjson
 
 from gateway.corridor.attempt import UpstreamCall
@@ -86,7 +86,7 @@ class Flight:
 
     stream: StreamLog
     outcome: RelayOutcome | None = None
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def joinable(self) -> bool:
         """Joining replays it from its first event, so all of them must still be kept."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from gateway.corridor.attempt import Attempt, UpstreamCall, start_attempt
@@ -90,7 +91,11 @@ class Dispatcher:
     async def assigned_worker(self, ticket: Ticket) -> WorkerRecord:
         try:
             with tracing.span("queue wait"):
-                return await ticket.assignment.wait()
+                worker = await ticket.assignment.wait()
+            # An assignment already made does not yield: a client gone by now
+            # must not reach the worker (no task switch unless cancelled).
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            return worker
         except anyio.get_cancelled_exc_class():
             self.scheduler.withdraw(ticket, self.clock())
             raise

@@ -84,7 +84,7 @@ class StreamLog:
         # The book that indexes this log, told of its size and its end (None: in none).
         self._ledger: _Ledger | None = None
         self._next_id = 1
-        self._opened = anyio.Event()
+        self._opened = asyncio.Event()  # asyncio's own: see ``tickets._Assignment``
         # Futures of readers waiting for the next change, resolved (and
         # dropped) by it: the many appends nobody waits for allocate nothing.
         self._waiters: list[asyncio.Future[None]] = []

@@ -8,10 +8,9 @@ The answers are what the scheduler's calls return (``gateway.corridor.scheduler`
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Literal
-
-import anyio
 
 from hedgerow.errors import HedgerowError
 from hedgerow.wire import WorkerRecord
@@ -27,7 +26,8 @@ class _Assignment:
     """One-shot: the worker a queued ticket got, or why it never will."""
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        # asyncio's own: a quarter of anyio's cost, and no extra loop step when set.
+        self._event = asyncio.Event()
         self._worker: WorkerRecord | None = None
         self._error: HedgerowError | None = None
 

@@ -22,6 +22,7 @@ import anyio
 import pytest
 
 from gateway.app import GatewayApp
+from gateway.flights import GENERATION_TASK
 from hedgerow.latest import LatestValue
 from hedgerow.wire import RegistrySnapshot
 from tests.integration.test_dispatch import make_policy, running
@@ -77,7 +78,7 @@ async def streamed(gw: Gateway) -> tuple[Client, list[str]]:
     return client, made
 
 
-GENERATE = "gateway.flights.Flights._lead.<locals>.generate"
+GENERATE = GENERATION_TASK
 HEDGE = "gateway.corridor.dispatch.Dispatcher._hedge_attempt"
 
 
