@@ -94,6 +94,10 @@ def retrieval(pairs: Sequence[Pair], embedder: Any, model: OnnxPairModel,
     # another question of its domain (no label says whether the two ask the same
     # thing), or a question of another domain.
     relation: Counter[str] = Counter()
+    # Each lookup's best score and whether its candidate was right (the same
+    # candidate wins at any threshold): the curve as the cache runs.
+    best_scores: list[float] = []
+    best_right: list[bool] = []
     started = time.perf_counter()
     for i, question in enumerate(asked):
         nearest = [j for j in np.argsort(-sims[i])[:settings.max_candidates].tolist()
@@ -103,6 +107,9 @@ def retrieval(pairs: Sequence[Pair], embedder: Any, model: OnnxPairModel,
         scores = judge_many(model, [(question, cached[j]) for j in nearest])
         scores = np.where([typed_alike(question, cached[j]) for j in nearest], 1.0, scores)
         best = int(np.argmax(scores))
+        candidate = cached[nearest[best]]
+        best_scores.append(float(scores[best]))
+        best_right.append(candidate == question or (candidate, question) in right)
         if scores[best] >= settings.pair_threshold:
             hits += 1
             chosen = cached[nearest[best]]
@@ -116,7 +123,20 @@ def retrieval(pairs: Sequence[Pair], embedder: Any, model: OnnxPairModel,
             "wrong_hits_by_relation": dict(relation.most_common()),
             "precision": round(1 - wrong / hits, 4) if hits else 1.0,
             "recall": round((hits - wrong) / len(right), 4) if right else 0.0,
-            "judge_ms_per_lookup": round(elapsed * 1000 / len(asked), 2)}
+            "judge_ms_per_lookup": round(elapsed * 1000 / len(asked), 2),
+            "curve": _retrieval_curve(np.array(best_scores), np.array(best_right, dtype=bool),
+                                      len(right))}
+
+
+def _retrieval_curve(scores: np.ndarray, right: np.ndarray, paraphrases: int) -> list[dict[str, Any]]:
+    curve = []
+    for t in THRESHOLDS:
+        hit = scores >= t
+        hits, good = int(hit.sum()), int((hit & right).sum())
+        curve.append({"threshold": t, "precision": round(good / hits, 4) if hits else 1.0,
+                      "recall": round(good / paraphrases, 4) if paraphrases else 0.0,
+                      "hits": hits, "wrong_hits": hits - good})
+    return curve
 
 
 def evaluate(pairs: Sequence[Pair], embedder: Any, model: OnnxPairModel,
