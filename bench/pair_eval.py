@@ -107,13 +107,13 @@ def retrieval(pairs: Sequence[Pair], embedder: Any, model: OnnxPairModel,
         scores = judge_many(model, [(question, cached[j]) for j in nearest])
         scores = np.where([typed_alike(question, cached[j]) for j in nearest], 1.0, scores)
         best = int(np.argmax(scores))
-        candidate = cached[nearest[best]]
+        chosen = cached[nearest[best]]
+        is_right = chosen == question or (chosen, question) in right
         best_scores.append(float(scores[best]))
-        best_right.append(candidate == question or (candidate, question) in right)
+        best_right.append(is_right)
         if scores[best] >= settings.pair_threshold:
             hits += 1
-            chosen = cached[nearest[best]]
-            if chosen != question and (chosen, question) not in right:
+            if not is_right:
                 wrong += 1
                 relation["own_negative" if (chosen, question) in negative
                          else "same_domain" if domain[chosen] == domain[question]

@@ -12,15 +12,21 @@ from gateway.corridor.beside import join
 pytestmark = pytest.mark.anyio
 
 
+def failing(work: anyio.CancelScope, after_s: float, error: Exception) -> asyncio.Task[None]:
+    """A generation that runs in ``work`` for ``after_s`` (or until it is
+    cancelled), then fails with ``error``."""
+
+    async def generation() -> None:
+        with work:
+            await anyio.sleep(after_s)
+        raise error
+
+    return asyncio.get_running_loop().create_task(generation())
+
+
 async def test_the_request_waits_for_its_task_and_gets_its_error() -> None:
     work = anyio.CancelScope()
-
-    async def fails() -> None:
-        with work:
-            await anyio.sleep(0.01)
-        raise ValueError("the generation broke")
-
-    task = asyncio.get_running_loop().create_task(fails())
+    task = failing(work, 0.01, ValueError("the generation broke"))
     with pytest.raises(ValueError, match="the generation broke"):
         await join(task, work)
     assert task.done()
@@ -79,13 +85,7 @@ async def test_a_native_cancel_of_the_request_still_waits_for_the_task() -> None
 async def test_a_failure_while_the_request_is_cancelled_is_logged(
         caplog: pytest.LogCaptureFixture) -> None:
     work = anyio.CancelScope()
-
-    async def generation() -> None:
-        with work:
-            await anyio.sleep(30)
-        raise RuntimeError("broke while stopping")
-
-    task = asyncio.get_running_loop().create_task(generation())
+    task = failing(work, 30, RuntimeError("broke while stopping"))
     with anyio.CancelScope() as request:
         request.cancel()
         await join(task, work)
