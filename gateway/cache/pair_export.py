@@ -95,6 +95,8 @@ class Recipe:
     # Mined negatives (``mined_negatives``): the nearest other question within these cosines.
     mined_floor: float = 0.3
     mined_ceiling: float = 0.85
+    # Retyped questions as positives (``typing_positives``): one text in this many; 0: none.
+    retyped_every: int = 0
 
 
 def training_files() -> list[Path]:
@@ -124,7 +126,7 @@ def mined_negatives(pairs: Sequence[LabelledPair], vectors: dict[str, np.ndarray
     neighbour from another pair is too likely a paraphrase nobody labelled.
     ``vectors``: unit embeddings of every normalized text. Deterministic."""
     texts = sorted(vectors)
-    linked = _paraphrase_groups(pairs)
+    linked = paraphrase_groups(pairs)
     matrix = np.stack([vectors[t] for t in texts])
     similarity = matrix @ matrix.T
     mined: dict[tuple[str, str], LabelledPair] = {}
@@ -141,7 +143,48 @@ def mined_negatives(pairs: Sequence[LabelledPair], vectors: dict[str, np.ndarray
     return list(mined.values())
 
 
-def _paraphrase_groups(pairs: Sequence[LabelledPair]) -> Callable[[str], str]:
+def _without_mark(question: str) -> str:
+    return question[:-1] if question.endswith(("?", ".")) else question
+
+
+def _lower_first(question: str) -> str:
+    return question[:1].lower() + question[1:] if question[1:2].islower() else question
+
+
+# How people retype a question without changing what it asks. Not the retypings
+# bench.typing_variants checks (all lower case, a comma after the first word,
+# " please"): those stay a test the judge was not trained for.
+RETYPINGS: tuple[Callable[[str], str], ...] = (
+    lambda q: f"can you tell me {_lower_first(_without_mark(q))}?",
+    lambda q: f"quick question: {q}",
+    lambda q: f"hey, {_lower_first(q)}",
+    lambda q: f"{_without_mark(q)}? thanks",
+    lambda q: f"so {_lower_first(q)}",
+)
+
+
+def typing_positives(pairs: Sequence[LabelledPair], every: int) -> list[LabelledPair]:
+    """Each of one in ``every`` distinct training texts (chosen by its sha256) with
+    one retyping of it (``RETYPINGS``, by the same hash), as a labelled paraphrase.
+
+    A judge trained only on pairs that change one fact in otherwise identical
+    words learns that near-identical wording means a different question; it
+    scored "How far is 5 km in miles?" against itself without the "?" at 0.005
+    (docs/benchmarks.md). Deterministic."""
+    if every <= 0:
+        return []
+    texts = sorted({normalize_text(t) for p in pairs for t in (p.a, p.b)})
+    retyped = []
+    for text in texts:
+        digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+        if digest % every == 0:
+            variant = normalize_text(RETYPINGS[digest // every % len(RETYPINGS)](text))
+            if variant != text:
+                retyped.append(LabelledPair(text, variant, 1))
+    return retyped
+
+
+def paraphrase_groups(pairs: Sequence[LabelledPair]) -> Callable[[str], str]:
     """Each text's group: texts joined by labelled paraphrases (union-find)."""
     parent: dict[str, str] = {}
 
@@ -260,7 +303,8 @@ def export_pair_model(*, force: bool = False, model_dir: Path | None = None,
     torch.set_num_threads(threads)
     labelled = read_pairs(files)
     mined = mined_negatives(labelled, embed_texts(labelled), recipe)
-    pairs = labelled + mined
+    retyped = typing_positives(labelled, recipe.retyped_every)
+    pairs = labelled + mined + retyped
     model, _ = train(pairs, recipe, model_dir)
 
     def write(partial: Path) -> None:
@@ -268,6 +312,7 @@ def export_pair_model(*, force: bool = False, model_dir: Path | None = None,
         shutil.copyfile(model_dir / TOKENIZER, partial / TOKENIZER)
         manifest = {"model": MODEL_PACKAGE, **identity, "training_sets": list(TRAINING_SETS),
                     "training_pairs": len(labelled), "mined_negatives": len(mined),
+                    "retyped_positives": len(retyped),
                     "opset": OPSET, "torch": torch_version}
         (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 

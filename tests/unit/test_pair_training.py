@@ -4,12 +4,20 @@ exported model is measured in tests/bench/test_pair_judge_accuracy.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from gateway.cache import pair_export
-from gateway.cache.pair_export import LabelledPair, Recipe, mined_negatives, training_sha256
+from gateway.cache.hard_negatives import mine
+from gateway.cache.pair_export import (
+    LabelledPair,
+    Recipe,
+    mined_negatives,
+    training_sha256,
+    typing_positives,
+)
 
 
 def unit(*values: float) -> np.ndarray:
@@ -50,3 +58,47 @@ def test_the_export_is_named_by_its_training_pairs(tmp_path: Path) -> None:
     assert training_sha256([one]) != training_sha256([two])
     assert all(path.is_file() for path in pair_export.training_files())
     assert len(pair_export.read_pairs(pair_export.training_files())) >= 2000
+
+
+def test_retyped_positives_are_the_same_question_typed_otherwise() -> None:
+    pairs = [LabelledPair(f"How do I bake loaf number {i}?", f"loaf {i} baking steps", 1)
+             for i in range(200)]
+    retyped = typing_positives(pairs, every=4)
+    # About one text in four, each paired with one retyping of itself, as a paraphrase.
+    assert 60 <= len(retyped) <= 140
+    assert all(r.label == 1 and r.a != r.b for r in retyped)
+    texts = {t for p in pairs for t in (p.a, p.b)}
+    assert {r.a for r in retyped} <= texts and not {r.b for r in retyped} & texts
+    # Every retyping keeps the question's own words (its first capital may drop).
+    for r in retyped:
+        core = r.a.rstrip("?")
+        assert core in r.b or (core[:1].lower() + core[1:]) in r.b
+    assert typing_positives(pairs, every=4) == retyped  # deterministic
+    assert typing_positives(pairs, every=0) == []
+
+
+def test_hard_negatives_are_the_judges_unlabelled_hits_among_the_cache_candidates() -> None:
+    pairs = [LabelledPair("bake bread", "steps to bake bread", 1),
+             LabelledPair("bake cake", "bake pie", 0)]
+    vectors = {"bake bread": unit(1, 0, 0), "steps to bake bread": unit(0.99, 0.14, 0),
+               "bake cake": unit(0.9, 0.43, 0), "bake pie": unit(0.8, 0, 0.6)}
+    judged: list[tuple[str, str]] = []
+
+    def judge(chosen: Sequence[tuple[str, str]]) -> np.ndarray:
+        judged.extend(chosen)
+        return np.array([0.9 if "cake" in a + b and "bread" in a + b else 0.1
+                         for a, b in chosen])
+
+    found = mine(pairs, vectors, judge, max_candidates=2, candidate_floor=0.3)
+    # Never the labelled paraphrase nor the labelled negative; each couple judged once.
+    assert all(frozenset(c) not in ({"bake bread", "steps to bake bread"}, {"bake cake", "bake pie"})
+               for c in judged)
+    assert len({frozenset(c) for c in judged}) == len(judged)
+    # What the judge accepts is mined; what it refuses is not.
+    assert {frozenset((a, b)) for a, b, _ in found} == {
+        frozenset(("bake bread", "bake cake")), frozenset(("steps to bake bread", "bake cake"))}
+    assert all(score == 0.9 for _, _, score in found)
+    # Outside a question's max_candidates nearest, or below the floor, nothing is judged.
+    judged.clear()
+    assert mine(pairs, vectors, judge, max_candidates=1, candidate_floor=0.999) == []
+    assert judged == []
