@@ -80,8 +80,8 @@ from policies.schema import load_policy
 
 DATA = Path(__file__).with_name("data")
 # The older sets are the pair model's training data now (gateway/cache/training),
-# sealed2 and sealed3 among them since 2026-12-05; sealed4 (development) and sealed5
-# (never used for a choice) stay here, unseen by it.
+# sealed2 and sealed3 among them since 2026-12-05; sealed4 (development), sealed5
+# (read, never used for a choice) and sealed6 (never used for a choice) stay here, unseen by it.
 PAIRS_PATH = TRAINING_DIR / "paraphrases_first.jsonl"
 HOLDOUT_PATH = TRAINING_DIR / "paraphrases_holdout.jsonl"
 FRESH_PATH = TRAINING_DIR / "paraphrases_fresh.jsonl"
@@ -91,14 +91,15 @@ SEALED3_PATH = TRAINING_DIR / "paraphrases_sealed3.jsonl"
 FAR_TRAIN_PATH = TRAINING_DIR / "pairs_far_train.jsonl"
 SEALED4_PATH = DATA / "paraphrases_sealed4.jsonl"
 SEALED5_PATH = DATA / "paraphrases_sealed5.jsonl"
+SEALED6_PATH = DATA / "paraphrases_sealed6.jsonl"
 TOPIC_SHIFT_PATH = DATA / "pairs_topic_shift.jsonl"
 PAIRS_TRAIN_PATH = TRAINING_DIR / "pairs_train.jsonl"
 SETS = {"first": PAIRS_PATH, "holdout": HOLDOUT_PATH, "fresh": FRESH_PATH,
         "sealed": SEALED_PATH, "pairs_train": PAIRS_TRAIN_PATH, "sealed2": SEALED2_PATH,
         "sealed3": SEALED3_PATH, "far_train": FAR_TRAIN_PATH, "sealed4": SEALED4_PATH,
-        "sealed5": SEALED5_PATH, "topic_shift": TOPIC_SHIFT_PATH}
-# Their false hits are never printed: counts only. sealed5 was used for no choice.
-UNREAD = ("sealed2", "sealed3", "sealed4", "sealed5", "topic_shift")
+        "sealed5": SEALED5_PATH, "sealed6": SEALED6_PATH, "topic_shift": TOPIC_SHIFT_PATH}
+# Their false hits are never printed: counts only. sealed5 and sealed6 were used for no choice.
+UNREAD = ("sealed2", "sealed3", "sealed4", "sealed5", "sealed6", "topic_shift")
 CURVE = tuple(round(0.60 + 0.02 * i, 2) for i in range(19))  # 0.60 .. 0.96
 BASELINE = "plain MiniLM cosine (all-MiniLM-L6-v2), no guards, same threshold"
 
