@@ -47,6 +47,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -168,11 +169,17 @@ def evaluate(pairs: Sequence[Pair], embedder: Any, model: OnnxPairModel,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sets", default="sealed4,sealed5,topic_shift")
+    parser.add_argument("--sets", default="sealed4,sealed5,sealed6,topic_shift")
+    parser.add_argument("--pair-model", type=Path, default=None,
+                        help="an export directory other than this machine's (to compare judges)")
+    parser.add_argument("--pair-threshold", type=float, default=None,
+                        help="instead of the shipped policy's")
     args = parser.parse_args(argv)
     settings = load_policy().cache.semantic
+    if args.pair_threshold is not None:
+        settings = settings.model_copy(update={"pair_threshold": args.pair_threshold})
     embedder = load_minilm(threads=1)
-    model = load_pair_model(threads=1)
+    model = load_pair_model(threads=1, directory=args.pair_model)
     results = {}
     for name in args.sets.split(","):
         results[name] = evaluate(load_pairs(SETS[name]), embedder, model, settings)
@@ -184,8 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "judge": "pair_model", "pair_threshold": settings.pair_threshold,
         "candidate_floor": settings.candidate_floor, "max_candidates": settings.max_candidates,
         "trained_on": model.manifest.get("training_sets"),
+        "training_sha256": model.manifest.get("training_sha256"),
         "threshold_chosen_on": "sealed4 (development; the rule in commit 08246f9); "
-                               "sealed5 used for no choice",
+                               "sealed5 (read) and sealed6 used for no choice",
         "sets": results, "load_avg_1m": round(os.getloadavg()[0], 2),
     }).decode())
     return 0

@@ -18,6 +18,7 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -38,9 +39,15 @@ QUESTIONS = 300
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default="sealed4,first")
+    parser.add_argument("--pair-model", type=Path, default=None,
+                        help="an export directory other than this machine's (to compare judges)")
+    parser.add_argument("--pair-threshold", type=float, default=None,
+                        help="instead of the shipped policy's")
     args = parser.parse_args(argv)
-    threshold = load_policy().cache.semantic.pair_threshold
-    model = load_pair_model(threads=1)
+    threshold = args.pair_threshold
+    if threshold is None:
+        threshold = load_policy().cache.semantic.pair_threshold
+    model = load_pair_model(threads=1, directory=args.pair_model)
     results: dict[str, dict[str, object]] = {}
     for name in args.sets.split(","):
         questions = sorted({p.a for p in load_pairs(SETS[name])})[:QUESTIONS]

@@ -17,10 +17,13 @@ against the others: its ``max_candidates`` nearest by MiniLM cosine at or
 above ``candidate_floor``, itself and its labelled paraphrases left out, and
 pairs the file already labels left out) and writes every candidate the judge
 scores at or above ``MINING_THRESHOLD`` as a pair with label 0, kind
-``mined_hard``. No evaluation set is read. The output is committed
-(``gateway/cache/training/pairs_mined_hard.jsonl``) after a blind reading
-(docs/benchmarks.md says how it went), so training stays one pass from
-committed files; which judge mined it is named in that commit.
+``mined_hard``. No evaluation set is read. The result, mined by the judge C
+(training sha 8a90e828...), is committed as
+``gateway/cache/training/pairs_mined_hard.jsonl`` with each pair's blind
+reading (``blind_reading``: a reader who saw only the two questions called
+18 of 297 the same question). Candidate D trained with it (and retyped
+positives) did not ship, so it is not in ``TRAINING_SETS``
+(docs/benchmarks.md, "Negatives as the cache meets them").
 """
 
 from __future__ import annotations

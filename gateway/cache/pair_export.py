@@ -95,7 +95,8 @@ class Recipe:
     # Mined negatives (``mined_negatives``): the nearest other question within these cosines.
     mined_floor: float = 0.3
     mined_ceiling: float = 0.85
-    # Retyped questions as positives (``typing_positives``): one text in this many; 0: none.
+    # Retyped questions as positives (``typing_positives``): one text in this many; 0: none
+    # (8 with pairs_mined_hard.jsonl was candidate D, which did not ship: docs/benchmarks.md).
     retyped_every: int = 0
 
 

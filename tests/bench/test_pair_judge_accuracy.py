@@ -10,7 +10,10 @@ shipped policy's candidate floor, candidate count and threshold, on:
   committed first (08246f9);
 - sealed5 (768 pairs, 24 more domains, the same kinds, two more authors):
   frozen in its own commit (fa9e177) before anything was measured on it,
-  used for no choice.
+  used for no choice;
+- sealed6 (768 pairs, 24 more domains, three more authors, each domain's
+  pairs asking different things): frozen in its own commit (d04e922), used
+  for no choice.
 
 Each must keep the figures in docs/benchmarks.md ("Far rewordings in
 training, and a fifth sealed set", 2026-12-04) within about two pairs, stay
@@ -30,14 +33,14 @@ from typing import Any
 
 import pytest
 
-from bench.cache_eval import SEALED4_PATH, SEALED5_PATH, load_pairs
+from bench.cache_eval import SEALED4_PATH, SEALED5_PATH, SEALED6_PATH, load_pairs
 from bench.pair_eval import evaluate
 from gateway.cache.embedder import load_minilm
 from gateway.cache.pair_export import export_identity, is_current
 from gateway.cache.pair_model import load_pair_model, pair_export_dir
 from policies.schema import load_policy
 
-# ~2 minutes of judging on two cores (two sets, pairwise and as the cache runs).
+# ~3 minutes of judging on two cores (three sets, pairwise and as the cache runs).
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(600)]
 
 SWITCHED_OFF = "pair_model" in os.environ.get("HEDGEROW_BENCH_SWITCH_OFF", "").split(",")
@@ -45,12 +48,14 @@ SETTINGS = load_policy().cache.semantic
 # Measured 2026-12-05 00:13 UTC (bench.pair_eval, pair_threshold 0.5): sealed5
 # 0.992 / 0.641 (2 false hits of 384 negatives), sealed4 0.980 / 0.630 (5); as
 # the cache runs 0.877 / 0.612 and 0.808 / 0.602. The bounds sit about two pairs below.
-BOUNDS = {"sealed5": (0.98, 0.635), "sealed4": (0.97, 0.625)}
-RETRIEVAL_BOUNDS = {"sealed5": (0.865, 0.605), "sealed4": (0.795, 0.595)}
+# sealed6 (2026-12-05 13:20 UTC): 0.978 / 0.680 (6 false hits); as the cache runs 0.927 / 0.659.
+BOUNDS = {"sealed5": (0.98, 0.635), "sealed4": (0.97, 0.625), "sealed6": (0.965, 0.67)}
+RETRIEVAL_BOUNDS = {"sealed5": (0.865, 0.605), "sealed4": (0.795, 0.595), "sealed6": (0.915, 0.65)}
 # As the cache runs, an operator who raises pair_threshold to 0.95 buys precision
 # with recall (2026-12-05 09:47 UTC: sealed5 0.973 / 0.464, sealed4 0.957 / 0.404).
-STRICT_RETRIEVAL = {"sealed5": (0.96, 0.45), "sealed4": (0.945, 0.39)}
-PATHS = {"sealed4": SEALED4_PATH, "sealed5": SEALED5_PATH}
+# sealed6 at 0.95: 0.985 / 0.516.
+STRICT_RETRIEVAL = {"sealed5": (0.96, 0.45), "sealed4": (0.945, 0.39), "sealed6": (0.975, 0.505)}
+PATHS = {"sealed4": SEALED4_PATH, "sealed5": SEALED5_PATH, "sealed6": SEALED6_PATH}
 
 
 def test_the_judge_measured_is_the_one_the_shipped_training_makes() -> None:
@@ -95,7 +100,17 @@ def test_on_the_development_set_the_judge_keeps_its_figures(
     assert shipped["recall"] >= recall, _counts(shipped)
 
 
-@pytest.mark.parametrize("name", ["sealed4", "sealed5"])
+@pytest.mark.parametrize("name", ["sealed6"])
+def test_on_the_newest_set_used_for_no_choice_the_judge_keeps_its_figures(
+        judged: dict[str, dict[str, Any]], name: str) -> None:
+    shipped, cosine = judged[name]["shipped"], judged[name]["baseline_plain_cosine_0.68"]
+    precision, recall = BOUNDS[name]
+    assert shipped["precision"] >= precision, _counts(shipped)
+    assert shipped["recall"] >= recall, _counts(shipped)
+    assert shipped["precision"] >= cosine["precision"] + 0.3, (_counts(shipped), _counts(cosine))
+
+
+@pytest.mark.parametrize("name", ["sealed4", "sealed5", "sealed6"])
 def test_as_the_cache_runs_a_question_rarely_hits_another_cached_question(
         judged: dict[str, dict[str, Any]], name: str) -> None:
     found = judged[name]["retrieval"]
