@@ -1,6 +1,6 @@
 """Hard negatives for the semantic cache's judge, mined the way the cache meets them.
 
-    .venv/bin/python -m gateway.cache.hard_negatives [--out PATH]
+    .venv/bin/python -m gateway.cache.hard_negatives --out PATH
 
 Measured on sealed sets (docs/benchmarks.md), the judge's pairwise precision
 is far above its precision *as the cache runs*: there it is shown the nearest
@@ -90,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from policies.schema import load_policy
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=TRAINING_DIR / MINED_FILE)
+    # Required: the committed file carries its blind reading, which a rerun would lose.
+    parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     settings = load_policy().cache.semantic
     embedder = load_minilm(threads=2)
