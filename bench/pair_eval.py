@@ -194,6 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "training_sha256": model.manifest.get("training_sha256"),
         "threshold_chosen_on": "sealed4 (development; the rule in commit 08246f9); "
                                "sealed5 (read) and sealed6 used for no choice",
+        # What this run measured instead of the shipped judge or threshold, if anything.
+        "overrides": {"pair_model": str(args.pair_model) if args.pair_model else None,
+                      "pair_threshold": args.pair_threshold},
         "sets": results, "load_avg_1m": round(os.getloadavg()[0], 2),
     }).decode())
     return 0

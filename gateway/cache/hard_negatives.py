@@ -21,7 +21,7 @@ scores at or above ``MINING_THRESHOLD`` as a pair with label 0, kind
 (training sha 8a90e828...), is committed as
 ``gateway/cache/training/pairs_mined_hard.jsonl`` with each pair's blind
 reading (``blind_reading``: a reader who saw only the two questions called
-18 of 297 the same question). Candidate D trained with it (and retyped
+18 of 297 the same question; those 18 are label 1, kind ``mined_same``). Candidate D trained with it (and retyped
 positives) did not ship, so it is not in ``TRAINING_SETS``
 (docs/benchmarks.md, "Negatives as the cache meets them").
 """
@@ -40,7 +40,9 @@ import orjson
 from gateway.cache.keys import normalize_text
 from gateway.cache.pair_export import (
     TRAINING_DIR,
+    TRAINING_SETS,
     LabelledPair,
+    embed_texts,
     paraphrase_groups,
     read_pairs,
 )
@@ -48,10 +50,9 @@ from gateway.cache.pair_export import (
 MINED_FILE = "pairs_mined_hard.jsonl"
 # The shipped threshold of the judge that mined (C, 2026-12-05): its own wrong hits.
 MINING_THRESHOLD = 0.5
-# The training sets mined: every labelled set the judge trains on, not the mined file itself.
-MINED_FROM = ("paraphrases_first.jsonl", "paraphrases_holdout.jsonl",
-              "paraphrases_fresh.jsonl", "paraphrases_sealed.jsonl", "pairs_train.jsonl",
-              "paraphrases_sealed2.jsonl", "paraphrases_sealed3.jsonl", "pairs_far_train.jsonl")
+# The sets mined: every labelled set the judge trains on, never a mined file itself.
+MINED_FROM = tuple(name for name in TRAINING_SETS if name != MINED_FILE)
+JUDGE_BATCH = 64  # pairs per model call: padding to the longest keeps batches small
 
 
 def mine(pairs: Sequence[LabelledPair], vectors: dict[str, np.ndarray],
@@ -85,7 +86,6 @@ def mine(pairs: Sequence[LabelledPair], vectors: dict[str, np.ndarray],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gateway.cache.embedder import encode, load_minilm
     from gateway.cache.pair_model import judge_many, load_pair_model
     from policies.schema import load_policy
 
@@ -94,19 +94,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     settings = load_policy().cache.semantic
-    embedder = load_minilm(threads=2)
     model = load_pair_model(threads=2)
+
+    def judge(chosen: Sequence[tuple[str, str]]) -> np.ndarray:
+        return np.concatenate([judge_many(model, chosen[i:i + JUDGE_BATCH])
+                               for i in range(0, len(chosen), JUDGE_BATCH)])
+
+    by_set = {name: read_pairs([TRAINING_DIR / name]) for name in MINED_FROM}
+    vectors = embed_texts([pair for pairs in by_set.values() for pair in pairs])
     rows: list[dict[str, Any]] = []
-    for name in MINED_FROM:
-        pairs = read_pairs([TRAINING_DIR / name])
-        texts = sorted({normalize_text(t) for p in pairs for t in (p.a, p.b)})
-        vectors = dict(zip(texts, np.concatenate(
-            [encode(embedder, texts[i:i + 256]) for i in range(0, len(texts), 256)])))
-        found = mine(pairs, vectors, lambda chosen: np.concatenate(
-            [judge_many(model, chosen[i:i + 64]) for i in range(0, len(chosen), 64)]),
-                     max_candidates=settings.max_candidates,
+    for name, pairs in by_set.items():
+        found = mine(pairs, vectors, judge, max_candidates=settings.max_candidates,
                      candidate_floor=settings.candidate_floor)
-        print(f"{name}: {len(texts)} questions, {len(found)} mined", file=sys.stderr)
+        print(f"{name}: {len(found)} mined", file=sys.stderr)
         rows += [{"a": a, "b": b, "label": 0, "kind": "mined_hard", "source": name,
                   "judge_score": round(score, 3)} for a, b, score in found]
     args.out.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))

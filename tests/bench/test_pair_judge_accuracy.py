@@ -16,7 +16,8 @@ shipped policy's candidate floor, candidate count and threshold, on:
   for no choice.
 
 Each must keep the figures in docs/benchmarks.md ("Far rewordings in
-training, and a fifth sealed set", 2026-12-04) within about two pairs, stay
+training, and a fifth sealed set", 2026-12-04; sealed6's in "Negatives as
+the cache meets them", 2026-12-05) within about two pairs, stay
 far above plain MiniLM cosine, and hold as the cache runs (every question of
 a set cached in one namespace, every rewording looked up against all of
 them). A failure prints counts, never pairs: neither set's mistakes are read.
@@ -49,12 +50,12 @@ SETTINGS = load_policy().cache.semantic
 # 0.992 / 0.641 (2 false hits of 384 negatives), sealed4 0.980 / 0.630 (5); as
 # the cache runs 0.877 / 0.612 and 0.808 / 0.602. The bounds sit about two pairs below.
 # sealed6 (2026-12-05 13:20 UTC): 0.978 / 0.680 (6 false hits); as the cache runs 0.927 / 0.659.
-BOUNDS = {"sealed5": (0.98, 0.635), "sealed4": (0.97, 0.625), "sealed6": (0.965, 0.67)}
-RETRIEVAL_BOUNDS = {"sealed5": (0.865, 0.605), "sealed4": (0.795, 0.595), "sealed6": (0.915, 0.65)}
+BOUNDS = {"sealed5": (0.98, 0.635), "sealed4": (0.97, 0.625), "sealed6": (0.97, 0.674)}
+RETRIEVAL_BOUNDS = {"sealed5": (0.865, 0.605), "sealed4": (0.795, 0.595), "sealed6": (0.92, 0.653)}
 # As the cache runs, an operator who raises pair_threshold to 0.95 buys precision
 # with recall (2026-12-05 09:47 UTC: sealed5 0.973 / 0.464, sealed4 0.957 / 0.404).
 # sealed6 at 0.95: 0.985 / 0.516.
-STRICT_RETRIEVAL = {"sealed5": (0.96, 0.45), "sealed4": (0.945, 0.39), "sealed6": (0.975, 0.505)}
+STRICT_RETRIEVAL = {"sealed5": (0.96, 0.45), "sealed4": (0.945, 0.39), "sealed6": (0.975, 0.51)}
 PATHS = {"sealed4": SEALED4_PATH, "sealed5": SEALED5_PATH, "sealed6": SEALED6_PATH}
 
 
@@ -80,13 +81,14 @@ def _counts(figures: dict[str, Any]) -> dict[str, Any]:
     return {k: figures[k] for k in ("precision", "recall", "hits", "false_hits")}
 
 
-def test_on_the_set_used_for_no_choice_the_judge_keeps_its_figures(
-        judged: dict[str, dict[str, Any]]) -> None:
+@pytest.mark.parametrize("name", ["sealed5", "sealed6"])
+def test_on_the_sets_used_for_no_choice_the_judge_keeps_its_figures(
+        judged: dict[str, dict[str, Any]], name: str) -> None:
     """On data nobody tuned on, far above plain cosine."""
-    sealed5 = judged["sealed5"]
-    shipped, cosine = sealed5["shipped"], sealed5["baseline_plain_cosine_0.68"]
-    assert sealed5["pairs"] >= 700
-    precision, recall = BOUNDS["sealed5"]
+    sealed = judged[name]
+    shipped, cosine = sealed["shipped"], sealed["baseline_plain_cosine_0.68"]
+    assert sealed["pairs"] >= 700
+    precision, recall = BOUNDS[name]
     assert shipped["precision"] >= precision, _counts(shipped)
     assert shipped["recall"] >= recall, _counts(shipped)
     assert shipped["precision"] >= cosine["precision"] + 0.3, (_counts(shipped), _counts(cosine))
@@ -98,16 +100,6 @@ def test_on_the_development_set_the_judge_keeps_its_figures(
     precision, recall = BOUNDS["sealed4"]
     assert shipped["precision"] >= precision, _counts(shipped)
     assert shipped["recall"] >= recall, _counts(shipped)
-
-
-@pytest.mark.parametrize("name", ["sealed6"])
-def test_on_the_newest_set_used_for_no_choice_the_judge_keeps_its_figures(
-        judged: dict[str, dict[str, Any]], name: str) -> None:
-    shipped, cosine = judged[name]["shipped"], judged[name]["baseline_plain_cosine_0.68"]
-    precision, recall = BOUNDS[name]
-    assert shipped["precision"] >= precision, _counts(shipped)
-    assert shipped["recall"] >= recall, _counts(shipped)
-    assert shipped["precision"] >= cosine["precision"] + 0.3, (_counts(shipped), _counts(cosine))
 
 
 @pytest.mark.parametrize("name", ["sealed4", "sealed5", "sealed6"])

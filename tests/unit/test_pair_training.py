@@ -102,3 +102,27 @@ def test_hard_negatives_are_the_judges_unlabelled_hits_among_the_cache_candidate
     judged.clear()
     assert mine(pairs, vectors, judge, max_candidates=1, candidate_floor=0.999) == []
     assert judged == []
+
+
+def test_mining_skips_labelled_negatives_and_paraphrases_joined_through_another() -> None:
+    # a~b and b~c are labelled paraphrases, so a and c are one question; a-d is a
+    # labelled negative. All four sit within each other's two nearest.
+    pairs = [LabelledPair("a", "b", 1), LabelledPair("b", "c", 1), LabelledPair("a", "d", 0)]
+    vectors = {"a": unit(1, 0), "b": unit(1, 0.1), "c": unit(1, 0.2), "d": unit(1, 0.3)}
+    judged: list[frozenset[str]] = []
+
+    def judge(chosen: Sequence[tuple[str, str]]) -> np.ndarray:
+        judged.extend(frozenset(c) for c in chosen)
+        return np.ones(len(chosen))
+
+    found = mine(pairs, vectors, judge, max_candidates=3, candidate_floor=0.0)
+    assert frozenset("ac") not in judged and frozenset("ad") not in judged
+    assert {frozenset((a, b)) for a, b, _ in found} == {frozenset("bd"), frozenset("cd")}
+    # Only a question's max_candidates nearest are read: x's nearest is y, z's is y.
+    pairs = [LabelledPair(t, f"{t} elsewhere", 1) for t in "xyz"]
+    near = {"x": unit(1, 0, 0), "y": unit(1, 0.1, 0), "z": unit(1, 0.5, 0)}
+    near |= {f"{t} elsewhere": unit(0, 0, 1) for t in "xyz"}
+    for count, xz_read in ((1, False), (2, True)):
+        judged.clear()
+        mine(pairs, near, judge, max_candidates=count, candidate_floor=0.5)
+        assert (frozenset("xz") in judged) is xz_read, count
