@@ -25,7 +25,10 @@ from bench.stats import percentile
 from gateway.cache import ResponseCache
 from gateway.cache.entry import CacheEntry
 
-ANSWER = CacheEntry("Five kilometres is about 3.1 miles.", "stop", 20, 9, "m", 1)
+ANSWER = CacheEntry("git rm the submodule's path, then commit.", "stop", 20, 9, "m", 1)
+CACHED = "How do I remove a git submodule?"
+# The shipped judge scores it 0.998 against CACHED (the shipped pair_threshold is 0.99).
+PARAPHRASE = "What's the way to delete a git submodule?"
 
 
 def chat(question: str) -> dict[str, Any]:
@@ -34,15 +37,20 @@ def chat(question: str) -> dict[str, Any]:
                          {"role": "user", "content": question}]}
 
 
-async def timed(n: int, call: Callable[[int], Awaitable[Any]]) -> dict[str, float]:
+async def timed(n: int, call: Callable[[int], Awaitable[Any]]) -> dict[str, Any]:
+    """p50/p99 of ``n`` calls, and how each lookup was answered (``kinds``: exact,
+    semantic, or miss), so a "hit" timing that missed shows."""
     samples = []
+    kinds: dict[str, int] = {}
     for i in range(n):
         started = time.perf_counter()
-        await call(i)
+        got = await call(i)
         samples.append(time.perf_counter() - started)
+        kind = getattr(got, "kind", None) or ("miss" if got is None else "vector")
+        kinds[kind] = kinds.get(kind, 0) + 1
     samples.sort()
     return {"p50_ms": round(percentile(samples, 50) * 1000, 3),
-            "p99_ms": round(percentile(samples, 99) * 1000, 3)}
+            "p99_ms": round(percentile(samples, 99) * 1000, 3), "kinds": kinds}
 
 
 async def measure(n: int, redis_url: str | None) -> dict[str, Any]:
@@ -54,18 +62,18 @@ async def measure(n: int, redis_url: str | None) -> dict[str, Any]:
         await tg.start(cache.run)
         if not await cache.ready(300):
             raise SystemExit("the embedding model did not load")
-        await cache.store("local", None, chat("How far is 5 km in miles?"), ANSWER)
+        await cache.store("local", None, chat(CACHED), ANSWER)
         result["embed"] = await timed(n, lambda i: cache.embedder.embed(f"How far is {i} km?"))
         result["exact_hit"] = await timed(
-            n, lambda i: cache.lookup("local", None, chat("How far is 5 km in miles?"), {}))
+            n, lambda i: cache.lookup("local", None, chat(CACHED), {}))
         result["semantic_hit"] = await timed(
-            n, lambda i: cache.lookup("local", None, chat("How many miles is 5 km?"), {}))
+            n, lambda i: cache.lookup("local", None, chat(PARAPHRASE), {}))
         result["miss"] = await timed(
             n, lambda i: cache.lookup("local", None, chat(f"Who painted ceiling {i}?"), {}))
         if other is not None:
             async def remote_hit(i: int) -> Any:
                 other.exact.local.lru.purge_all()
-                return await other.lookup("local", None, chat("How far is 5 km in miles?"), {})
+                return await other.lookup("local", None, chat(CACHED), {})
 
             result["exact_hit_from_redis"] = await timed(n, remote_hit)
         result["stats"] = cache.stats()

@@ -46,16 +46,17 @@ pytestmark = [pytest.mark.bench, pytest.mark.timeout(600)]
 
 SWITCHED_OFF = "pair_model" in os.environ.get("HEDGEROW_BENCH_SWITCH_OFF", "").split(",")
 SETTINGS = load_policy().cache.semantic
-# Measured 2026-12-05 00:13 UTC (bench.pair_eval, pair_threshold 0.5): sealed5
-# 0.992 / 0.641 (2 false hits of 384 negatives), sealed4 0.980 / 0.630 (5); as
-# the cache runs 0.877 / 0.612 and 0.808 / 0.602. The bounds sit about two pairs below.
-# sealed6 (2026-12-05 13:20 UTC): 0.978 / 0.680 (6 false hits); as the cache runs 0.927 / 0.659.
-BOUNDS = {"sealed5": (0.98, 0.635), "sealed4": (0.97, 0.625), "sealed6": (0.97, 0.674)}
-RETRIEVAL_BOUNDS = {"sealed5": (0.865, 0.605), "sealed4": (0.795, 0.595), "sealed6": (0.92, 0.653)}
-# As the cache runs, an operator who raises pair_threshold to 0.95 buys precision
-# with recall (2026-12-05 09:47 UTC: sealed5 0.973 / 0.464, sealed4 0.957 / 0.404).
-# sealed6 at 0.95: 0.985 / 0.516.
-STRICT_RETRIEVAL = {"sealed5": (0.96, 0.45), "sealed4": (0.945, 0.39), "sealed6": (0.975, 0.51)}
+# Measured 2026-12-05 17:34 UTC (bench.pair_eval, pair_threshold 0.99, chosen on
+# sealed4 by the rule of 712de94): pair by pair sealed5 1.000 / 0.333 (0 false hits
+# of 384 negatives), sealed4 0.990 / 0.268 (1), sealed6 1.000 / 0.385 (0); as the
+# cache runs 0.985 / 0.333, 0.981 / 0.263, 0.993 / 0.383. The bounds sit two pairs
+# below (two more wrong hits, two fewer found).
+BOUNDS = {"sealed5": (0.98, 0.328), "sealed4": (0.96, 0.263), "sealed6": (0.98, 0.380)}
+RETRIEVAL_BOUNDS = {"sealed5": (0.965, 0.328), "sealed4": (0.96, 0.258), "sealed6": (0.975, 0.378)}
+# As the cache runs, an operator who lowers pair_threshold to 0.95 buys recall
+# with precision (2026-12-05 09:47 UTC: sealed5 0.973 / 0.464, sealed4 0.957 / 0.404;
+# sealed6 0.985 / 0.516): held too, so the curve below the shipped point keeps its shape.
+RETRIEVAL_AT_095 = {"sealed5": (0.96, 0.45), "sealed4": (0.945, 0.39), "sealed6": (0.975, 0.51)}
 PATHS = {"sealed4": SEALED4_PATH, "sealed5": SEALED5_PATH, "sealed6": SEALED6_PATH}
 
 
@@ -114,6 +115,6 @@ def test_as_the_cache_runs_a_question_rarely_hits_another_cached_question(
     curve = {point["threshold"]: point for point in found["curve"]}
     shipped = curve[SETTINGS.pair_threshold]
     assert (shipped["precision"], shipped["recall"]) == (found["precision"], found["recall"])
-    strict_precision, strict_recall = STRICT_RETRIEVAL[name]
-    assert curve[0.95]["precision"] >= strict_precision, curve[0.95]
-    assert curve[0.95]["recall"] >= strict_recall, curve[0.95]
+    precision_095, recall_095 = RETRIEVAL_AT_095[name]
+    assert curve[0.95]["precision"] >= precision_095, curve[0.95]
+    assert curve[0.95]["recall"] >= recall_095, curve[0.95]

@@ -175,13 +175,13 @@ def test_both_processes_share_one_embedding_sidecar_and_get_semantic_hits(
     for _ in range(60):
         if all(_cache_stats(stack, i)["semantic_entries"] >= 1 for i in (0, 1)):
             break
-        _ask(stack, "How far is 5 km in miles?")
+        _ask(stack, "How do I remove a git submodule?")
     else:
         pytest.fail("the question never reached both processes")
     for _ in range(60):
         if all(_cache_stats(stack, i)["semantic"] >= 1 for i in (0, 1)):
             break
-        assert _ask(stack, "What's 5 km in miles?") == "semantic"
+        assert _ask(stack, "What's the way to delete a git submodule?") == "semantic"
     else:
         pytest.fail("the paraphrase never reached both processes")
     assert _embed_servers_under(supervisor) == sidecars

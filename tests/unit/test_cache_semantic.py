@@ -152,25 +152,28 @@ async def test_the_real_model_serves_a_paraphrase_and_refuses_near_misses() -> N
     """The sidecar's MiniLM and pair model through the facade: hit, refusals,
     tenant isolation."""
     cache = ResponseCache(POLICY)
-    answer = CacheEntry("About 3.1 miles.", "stop", 12, 5, "m", 1)
+    answer = CacheEntry("git rm the path, then commit.", "stop", 12, 5, "m", 1)
     async with anyio.create_task_group() as tg:
         await tg.start(cache.run)
         assert await cache.ready(120)
-        assert await cache.store("a", None, chat("How far is 5 km in miles?"), answer)
-        # Scores 0.70 (the shipped threshold is 0.5); many close rewordings score
-        # far lower ("How many miles is 5 km?" 0.009: a miss) and the same words
-        # without the "?" are not even asked (docs/benchmarks.md). The training
-        # that makes the model is seeded and single-machine deterministic: fresh
-        # VMs reproduced every score of the evaluation sets to the fourth digit.
-        hit = await cache.lookup("a", None, chat("What's 5 km in miles?"), {})
+        assert await cache.store("a", None, chat("How do I remove a git submodule?"), answer)
+        # Scores 0.998 (the shipped threshold is 0.99). Not every close rewording
+        # does: the judge is strict where numbers and units are written another
+        # way ("What's 5 km in miles?" scores 0.70 against "How far is 5 km in
+        # miles?": a miss; docs/benchmarks.md). The training that makes the model
+        # is seeded and single-machine deterministic: fresh VMs reproduced every
+        # score of the evaluation sets to the fourth digit.
+        hit = await cache.lookup("a", None, chat("What's the way to delete a git submodule?"), {})
         assert hit is not None and hit.kind == "semantic" and hit.entry == answer
         assert hit.score >= POLICY.cache.semantic.pair_threshold  # the pair model's score
-        typed = await cache.lookup("a", None, chat("how far is 5 km in miles"), {})
+        typed = await cache.lookup("a", None, chat("how do I remove a git submodule"), {})
         assert typed is not None and typed.kind == "semantic" and typed.score == 1.0
-        assert await cache.lookup("a", None, chat("How far is 50 km in miles?"), {}) is None
-        assert await cache.lookup("a", None, chat("How far is 5 km not in miles?"), {}) is None
-        assert await cache.lookup("b", None, chat("What's 5 km in miles?"), {}) is None
-        exact = await cache.lookup("a", "m", chat("How far is 5 km in miles?"), {})
+        for near_miss in ("How do I add a git submodule?", "How do I remove a git branch?",
+                          "How do I not remove a git submodule?"):
+            assert await cache.lookup("a", None, chat(near_miss), {}) is None, near_miss
+        assert await cache.lookup("b", None, chat("What's the way to delete a git submodule?"),
+                                  {}) is None
+        exact = await cache.lookup("a", "m", chat("How do I remove a git submodule?"), {})
         assert exact is not None and exact.kind == "exact"
         tg.cancel_scope.cancel()
 
