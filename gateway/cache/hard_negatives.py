@@ -22,7 +22,8 @@ scores at or above ``MINING_THRESHOLD`` as a pair with label 0, kind
 ``gateway/cache/training/pairs_mined_hard.jsonl`` with each pair's blind
 reading (``blind_reading``: a reader who saw only the two questions called
 18 of 297 the same question; those 18 are label 1, kind ``mined_same``). Candidate D trained with it (and retyped
-positives) did not ship, so it is not in ``TRAINING_SETS``
+positives) did not ship, nor did E, trained with it alone (the mined
+negatives cost the top of the curve), so it is not in ``TRAINING_SETS``
 (docs/benchmarks.md, "Negatives as the cache meets them").
 """
 
@@ -48,7 +49,8 @@ from gateway.cache.pair_export import (
 )
 
 MINED_FILE = "pairs_mined_hard.jsonl"
-# The shipped threshold of the judge that mined (C, 2026-12-05): its own wrong hits.
+# The threshold C shipped with when it mined (0.5 until 2026-12-05 evening; 0.99
+# since): its own wrong hits at the looser point.
 MINING_THRESHOLD = 0.5
 # The sets mined: every labelled set the judge trains on, never a mined file itself.
 MINED_FROM = tuple(name for name in TRAINING_SETS if name != MINED_FILE)

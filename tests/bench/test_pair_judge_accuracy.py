@@ -7,7 +7,8 @@ shipped policy's candidate floor, candidate count and threshold, on:
 - sealed4 (768 pairs, 24 domains, 18 negative kinds, two authors asked for
   far rewordings): scored once as a sealed set against the previous judge,
   then the development set ``pair_threshold`` was chosen on, by a rule
-  committed first (08246f9);
+  committed first (712de94: the highest recall as the cache runs with
+  precision >= 0.97 there, which gave 0.99);
 - sealed5 (768 pairs, 24 more domains, the same kinds, two more authors):
   frozen in its own commit (fa9e177) before anything was measured on it,
   used for no choice;
@@ -15,9 +16,9 @@ shipped policy's candidate floor, candidate count and threshold, on:
   pairs asking different things): frozen in its own commit (d04e922), used
   for no choice.
 
-Each must keep the figures in docs/benchmarks.md ("Far rewordings in
-training, and a fifth sealed set", 2026-12-04; sealed6's in "Negatives as
-the cache meets them", 2026-12-05) within about two pairs, stay
+Each must keep the figures in docs/benchmarks.md ("Negatives as the cache
+meets them", 2026-12-05, its "What happened" after candidate E) within two
+pairs, at the shipped point and at 0.95 and 0.5 along the curve, stay
 far above plain MiniLM cosine, and hold as the cache runs (every question of
 a set cached in one namespace, every rewording looked up against all of
 them). A failure prints counts, never pairs: neither set's mistakes are read.
@@ -51,12 +52,15 @@ SETTINGS = load_policy().cache.semantic
 # of 384 negatives), sealed4 0.990 / 0.268 (1), sealed6 1.000 / 0.385 (0); as the
 # cache runs 0.985 / 0.333, 0.981 / 0.263, 0.993 / 0.383. The bounds sit two pairs
 # below (two more wrong hits, two fewer found).
-BOUNDS = {"sealed5": (0.98, 0.328), "sealed4": (0.96, 0.263), "sealed6": (0.98, 0.380)}
-RETRIEVAL_BOUNDS = {"sealed5": (0.965, 0.328), "sealed4": (0.96, 0.258), "sealed6": (0.975, 0.378)}
+BOUNDS = {"sealed5": (0.98, 0.328), "sealed4": (0.97, 0.263), "sealed6": (0.98, 0.380)}
+RETRIEVAL_BOUNDS = {"sealed5": (0.965, 0.328), "sealed4": (0.96, 0.257), "sealed6": (0.975, 0.377)}
 # As the cache runs, an operator who lowers pair_threshold to 0.95 buys recall
 # with precision (2026-12-05 09:47 UTC: sealed5 0.973 / 0.464, sealed4 0.957 / 0.404;
 # sealed6 0.985 / 0.516): held too, so the curve below the shipped point keeps its shape.
 RETRIEVAL_AT_095 = {"sealed5": (0.96, 0.45), "sealed4": (0.945, 0.39), "sealed6": (0.975, 0.51)}
+# And at 0.5, the point that shipped until 2026-12-05 evening and that README and
+# default.yaml quote (sealed5 0.877 / 0.612, sealed4 0.808 / 0.602, sealed6 0.927 / 0.659).
+RETRIEVAL_AT_05 = {"sealed5": (0.865, 0.605), "sealed4": (0.795, 0.595), "sealed6": (0.92, 0.653)}
 PATHS = {"sealed4": SEALED4_PATH, "sealed5": SEALED5_PATH, "sealed6": SEALED6_PATH}
 
 
@@ -118,3 +122,6 @@ def test_as_the_cache_runs_a_question_rarely_hits_another_cached_question(
     precision_095, recall_095 = RETRIEVAL_AT_095[name]
     assert curve[0.95]["precision"] >= precision_095, curve[0.95]
     assert curve[0.95]["recall"] >= recall_095, curve[0.95]
+    precision_05, recall_05 = RETRIEVAL_AT_05[name]
+    assert curve[0.5]["precision"] >= precision_05, curve[0.5]
+    assert curve[0.5]["recall"] >= recall_05, curve[0.5]

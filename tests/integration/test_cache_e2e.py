@@ -9,7 +9,7 @@ share again; ``hedgerow cache purge`` makes the next identical request a
 miss on both; an OpenAI SDK streaming client gets the same chunk structure
 from a replay as from a live generation. The last test starts a third
 gateway with the real all-MiniLM-L6-v2 and pair model and checks a paraphrase
-is a semantic hit and a changed number is not, that the models run on ONNX
+is a semantic hit and the opposite action or another object is not, that the models run on ONNX
 Runtime in the gateway's embedding sidecar with torch loaded nowhere, and
 that the sidecar does not outlive a SIGKILLed gateway.
 

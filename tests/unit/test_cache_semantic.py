@@ -179,9 +179,10 @@ async def test_the_real_model_serves_a_paraphrase_and_refuses_near_misses() -> N
 
 
 async def test_the_real_model_at_the_shipped_threshold_refuses_another_role_or_request() -> None:
-    """At the shipped threshold a rewording hits; swapped roles, another thing in
-    the same slot, and asking for a poem instead of a definition miss, though
-    their cosine is high (0.98, 0.82, 0.69): the pair model reads both questions."""
+    """At the shipped threshold (0.99) a rewording hits (the judge scores it 0.997);
+    swapped roles, another thing in the same slot, and asking for a poem instead
+    of a definition miss, though their cosine is high (0.98, 0.82, 0.69): the pair
+    model reads both questions (0.001 each: they would miss at 0.5 too)."""
     cache = ResponseCache(POLICY)
     answer = CacheEntry("Not as a diet.", "stop", 12, 5, "m", 1)
     async with anyio.create_task_group() as tg:
