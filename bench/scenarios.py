@@ -24,8 +24,9 @@
                 (``bench.pops``): local-first versus local-only (the baseline)
                 and locality-blind routing, and one PoP's workers all killed,
                 with and without spilling. Needs root (``ip netns``).
-``cache``       response-cache hit and miss latency through the gateway, semantic
-                precision and recall on the paraphrase set (``bench.cache_scenario``).
+``cache``       response-cache hit and miss latency through the gateway, and how many
+                seeded paraphrases the shipped judge hits (``bench.cache_scenario``;
+                the judge's precision and recall: ``bench.pair_eval``).
 ``attacks``     HTTP/2 floods (rapid reset, the 2019 family), a QUIC Initial flood and a
                 per-IP TCP connection flood: per attack, time until the abuser is cut
                 or contained, what it got through, and a good client's p50/p99
@@ -481,7 +482,7 @@ def pops(quick: bool, workdir: Path) -> dict[str, Any]:
 
 
 def cache(quick: bool, workdir: Path) -> dict[str, Any]:
-    """Cache hit/miss latency and semantic accuracy (``bench.cache_scenario``)."""
+    """Cache hit/miss latency and semantic hits through the gateway (``bench.cache_scenario``)."""
     from bench.cache_scenario import cache as run  # loads MiniLM: only when asked for
 
     return run(quick, workdir)
