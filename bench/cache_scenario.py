@@ -206,11 +206,10 @@ def cache(quick: bool, workdir: Path) -> dict[str, Any]:
     from gateway.cache.embedder import load_minilm
     from gateway.cache.keys import cache_keys
     from policies.loader import parse_policy_document
-    from policies.schema import load_policy
 
-    threshold = load_policy().cache.semantic.threshold
+    policy = parse_policy_document(POLICY)  # the settings the gateway runs with
+    threshold = policy.cache.semantic.threshold  # the previous design's, for seeding
     n_hits, n_semantic, n_misses = (200, 100, 20) if quick else (400, 200, 30)
-    policy = parse_policy_document(POLICY)
     started = time.monotonic()
     load_before = os.getloadavg()
     workdir.mkdir(parents=True, exist_ok=True)
